@@ -1,0 +1,84 @@
+// bnfold: a thin CLI11 front end over the library. Parses flags, runs one subcommand, prints, exits.
+
+#include <cstdio>
+#include <map>
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "bnfold/error.h"
+#include "bnfold/version.h"
+#include "commands.h"
+
+namespace {
+
+const char* kDescription = R"(bnfold - fold BatchNormalization into the layers around it, absorb bias Adds, and expand
+training-mode BatchNormalization, so ONNX models suit compilers, accelerators and quantizers.)";
+
+const char* kFooter = R"(
+Examples:
+  bnfold info model.onnx
+  bnfold fold model.onnx -o folded.onnx --report report.json
+  bnfold fold model.onnx -o same.onnx --rules none          # pure load/save round trip
+  bnfold fold model.onnx -o out.onnx --keep 'backbone/*' --keep-op ConvTranspose
+
+Exit codes:
+  0  success
+  1  `check` found something that fails (reserved)
+  2  usage error or invalid input (one line on stderr names the file and the problem)
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{kDescription, "bnfold"};
+  app.footer(kFooter);
+  app.set_version_flag("--version", std::string("bnfold ") + bnfold::kVersion);
+  app.require_subcommand(1);
+  int verbosity = 0;
+  bool quiet = false;
+  app.add_flag("-v,--verbose", verbosity, "More log output on stderr (-vv for debug)");
+  app.add_flag("-q,--quiet", quiet, "Only errors on stderr");
+
+  std::map<CLI::App*, bnfold::cli::CommandRunner> runners;
+  auto addCommand = [&](bnfold::cli::CommandRunner (*add)(CLI::App&)) {
+    const std::size_t before = app.get_subcommands({}).size();
+    auto runner = add(app);
+    runners[app.get_subcommands({}).at(before)] = std::move(runner);
+  };
+  addCommand(bnfold::cli::addInfoCommand);
+  addCommand(bnfold::cli::addFoldCommand);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "bnfold: %s (see bnfold --help)\n", e.what());
+    return bnfold::cli::kExitInvalid;
+  }
+
+  auto logger = spdlog::stderr_logger_st("bnfold");
+  logger->set_pattern("bnfold: %l: %v");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(quiet ? spdlog::level::err
+                          : verbosity >= 2 ? spdlog::level::debug
+                          : verbosity == 1 ? spdlog::level::info
+                                           : spdlog::level::warn);
+
+  try {
+    for (auto& [command, runner] : runners)
+      if (command->parsed()) return runner();
+  } catch (const bnfold::Error& e) {
+    std::fprintf(stderr, "bnfold: error: %s\n", e.what());
+    return bnfold::cli::kExitInvalid;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bnfold: error: %s\n", e.what());
+    return bnfold::cli::kExitInvalid;
+  }
+  return bnfold::cli::kExitInvalid;
+}

@@ -1,0 +1,204 @@
+#pragma once
+/// \file
+/// The native IR: Value, Node, Graph. A Value knows its producer and every use (node + input slot), so
+/// "who reads this value" is one lookup. Nodes keep the NodeProto they were loaded from (minus inputs,
+/// outputs and subgraphs, which live in the IR), so attributes of every kind and unknown fields survive.
+/// Only the Rewriter (bnfold/rewrite/rewriter.h) and the loader change a graph.
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <onnx/onnx_pb.h>
+
+#include "bnfold/ir/tensor.h"
+
+namespace bnfold {
+
+class Graph;
+class Model;
+class Node;
+
+/// One reading of a value: node `node` reads it at input slot `slot`.
+struct Use {
+  Node* node;
+  int slot;
+  bool operator==(const Use& other) const { return node == other.node && slot == other.slot; }
+};
+
+class Value {
+ public:
+  const std::string& name() const { return name_; }
+  /// The graph whose scope defines this value.
+  Graph* graph() const { return graph_; }
+  /// The node computing this value, or null for graph inputs and initializers.
+  Node* producer() const { return producer_; }
+  int producerOutputIndex() const { return producerOutput_; }
+  /// Every node input reading this value, in any graph (subgraphs read outer values too).
+  const std::vector<Use>& uses() const { return uses_; }
+  bool hasUses() const { return !uses_.empty(); }
+
+  bool isGraphInput() const { return graphInput_; }
+  bool isGraphOutput() const { return graphOutput_; }
+  /// The initializer tensor, or null.
+  Tensor* initializer() const { return initializer_.get(); }
+  bool isSparseInitializer() const { return sparseInitializer_; }
+
+  /// The constant tensor behind this value: an initializer, or the `value` of a Constant node. Null
+  /// otherwise. Whether an initializer that is also a graph input counts as constant is the caller's
+  /// policy (see Graph::constantOf).
+  const Tensor* constantTensor() const;
+
+ private:
+  friend class Graph;
+  friend class Rewriter;
+  friend class ModelReader;
+  friend class ModelWriter;
+
+  std::string name_;
+  Graph* graph_ = nullptr;
+  Node* producer_ = nullptr;
+  int producerOutput_ = -1;
+  std::vector<Use> uses_;
+  bool graphInput_ = false;
+  bool graphOutput_ = false;
+  bool sparseInitializer_ = false;
+  std::unique_ptr<Tensor> initializer_;
+};
+
+/// An attribute holding a graph (If/Loop/Scan bodies) keeps it here, as IR.
+struct SubgraphSlot {
+  int attributeIndex;  ///< index into the NodeProto's attributes
+  int graphIndex;      ///< -1 for a GRAPH attribute, else the position in a GRAPHS attribute
+  std::unique_ptr<Graph> graph;
+};
+
+class Node {
+ public:
+  ~Node();
+  const std::string& opType() const { return proto_.op_type(); }
+  /// The domain as stored ("" or "ai.onnx" for standard ONNX ops).
+  const std::string& domain() const { return proto_.domain(); }
+  const std::string& name() const { return proto_.name(); }
+  /// True for the standard ONNX op `opType` (domain "" or "ai.onnx").
+  bool isOnnxOp(const char* opType) const;
+
+  /// Inputs; null stands for an omitted optional input ("").
+  const std::vector<Value*>& inputs() const { return inputs_; }
+  /// Input `i`, or null when it is omitted or beyond the list.
+  Value* input(std::size_t i) const { return i < inputs_.size() ? inputs_[i] : nullptr; }
+  /// Outputs; null stands for an omitted optional output.
+  const std::vector<Value*>& outputs() const { return outputs_; }
+  Value* output(std::size_t i) const { return i < outputs_.size() ? outputs_[i] : nullptr; }
+
+  Graph* graph() const { return graph_; }
+  bool isErased() const { return erased_; }
+
+  /// The attribute called `name`, or null. Subgraph and tensor payloads are held elsewhere (see below).
+  const onnx::AttributeProto* attribute(const std::string& name) const;
+  int64_t attributeInt(const std::string& name, int64_t fallback) const;
+  float attributeFloat(const std::string& name, float fallback) const;
+  std::vector<int64_t> attributeInts(const std::string& name) const;
+  std::string attributeString(const std::string& name, const std::string& fallback) const;
+  bool hasAttribute(const std::string& name) const { return attribute(name) != nullptr; }
+  /// The tensor of a TENSOR attribute (e.g. Constant's `value`), or null.
+  const Tensor* attributeTensor(const std::string& name) const;
+
+  /// Subgraphs held by this node's attributes, in attribute order.
+  const std::vector<SubgraphSlot>& subgraphs() const { return subgraphs_; }
+
+  /// The NodeProto without inputs, outputs and graph/tensor payloads.
+  const onnx::NodeProto& proto() const { return proto_; }
+
+ private:
+  friend class Graph;
+  friend class Rewriter;
+  friend class ModelReader;
+  friend class ModelWriter;
+
+  onnx::NodeProto proto_;
+  std::vector<Value*> inputs_;
+  std::vector<Value*> outputs_;
+  std::vector<SubgraphSlot> subgraphs_;
+  // TENSOR attributes: attribute index -> tensor (moved out of the proto on load, lent back on save).
+  std::vector<std::pair<int, std::unique_ptr<Tensor>>> tensorAttributes_;
+  Graph* graph_ = nullptr;
+  std::list<std::unique_ptr<Node>>::iterator position_;
+  bool erased_ = false;
+  mutable std::unique_ptr<Tensor> derivedConstant_;  // Constant with value_float/value_ints/...
+  friend class Value;
+};
+
+/// A graph input, output or value_info entry: the proto (type, doc string) plus the value it describes.
+struct ValueInfoEntry {
+  Value* value;
+  onnx::ValueInfoProto info;  // its name is refreshed from value->name() on save
+};
+
+class Graph {
+ public:
+  Graph(Model* model, Graph* parent, Node* owner);
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  const std::string& name() const { return shell_.name(); }
+  Model* model() const { return model_; }
+  /// The enclosing graph for a subgraph, else null.
+  Graph* parent() const { return parent_; }
+  /// The node owning this subgraph, else null.
+  Node* ownerNode() const { return owner_; }
+
+  /// Nodes in their stored (topological) order.
+  const std::list<std::unique_ptr<Node>>& nodes() const { return nodes_; }
+  std::size_t nodeCount() const { return nodes_.size(); }
+  std::vector<Node*> nodeList() const;
+
+  const std::vector<ValueInfoEntry>& inputs() const { return inputs_; }
+  const std::vector<ValueInfoEntry>& outputs() const { return outputs_; }
+  const std::vector<ValueInfoEntry>& valueInfo() const { return valueInfo_; }
+  /// Initializer values in their stored order.
+  const std::vector<Value*>& initializers() const { return initializers_; }
+
+  /// The value with that name defined in this graph (not its parents), or null.
+  Value* findLocal(const std::string& name) const;
+  /// The value visible under that name here: this graph, then enclosing graphs.
+  Value* lookup(const std::string& name) const;
+
+  /// Every graph nested in this one's nodes, depth-first (not including this graph).
+  std::vector<Graph*> nestedGraphs() const;
+
+  /// Checks the invariants: use lists match node inputs, each value has at most one producer whose output
+  /// it is, every input is defined before it is read (topological order), no erased node is linked.
+  /// Throws std::logic_error describing the first violation.
+  void verify() const;
+
+  /// GraphProto fields the IR does not model (doc_string, quantization_annotation, unknown fields).
+  const onnx::GraphProto& shell() const { return shell_; }
+
+ private:
+  friend class Rewriter;
+  friend class ModelReader;
+  friend class ModelWriter;
+
+  Value* newValue(const std::string& name);
+
+  Model* model_;
+  Graph* parent_;
+  Node* owner_;
+  onnx::GraphProto shell_;
+  std::list<std::unique_ptr<Node>> nodes_;
+  std::vector<std::unique_ptr<Value>> values_;
+  std::unordered_map<std::string, Value*> valuesByName_;
+  std::vector<ValueInfoEntry> inputs_;
+  std::vector<ValueInfoEntry> outputs_;
+  std::vector<ValueInfoEntry> valueInfo_;
+  std::vector<Value*> initializers_;
+  std::vector<onnx::SparseTensorProto> sparseInitializers_;
+};
+
+}  // namespace bnfold

@@ -1,0 +1,61 @@
+#pragma once
+/// \file
+/// Model: the ModelProto fields around the main graph (kept as loaded) plus the graph as IR.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_set>
+
+#include <onnx/onnx_pb.h>
+
+#include "bnfold/ir/graph.h"
+
+namespace bnfold {
+
+class Model {
+ public:
+  Model();
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  Graph& graph() { return *graph_; }
+  const Graph& graph() const { return *graph_; }
+
+  int64_t irVersion() const { return shell_.ir_version(); }
+  /// The opset version imported for `domain` ("" and "ai.onnx" are the same), or -1 when not imported.
+  int64_t opsetVersion(const std::string& domain = "") const;
+
+  /// Where the model was loaded from ("" when built in memory) and the folder external data is relative to.
+  const std::string& path() const { return path_; }
+  const std::string& baseDir() const { return baseDir_; }
+
+  /// A node name not used anywhere in the model yet (and reserved from now on), derived from `hint`.
+  std::string uniqueNodeName(const std::string& hint);
+  /// A value (tensor) name not used anywhere in the model yet (and reserved from now on).
+  std::string uniqueValueName(const std::string& hint);
+  /// Initializer names read from outside the graphs (training_info): they must never be removed.
+  bool isPinned(const std::string& valueName) const { return pinnedNames_.count(valueName) != 0; }
+
+  /// Every ModelProto field except the graph (ir_version, opset_import, metadata, functions, ...).
+  const onnx::ModelProto& shell() const { return shell_; }
+  onnx::ModelProto& mutableShell() { return shell_; }
+
+  /// Every graph: the main graph first, then nested ones depth-first.
+  std::vector<Graph*> allGraphs();
+
+ private:
+  friend class ModelReader;
+  friend class ModelWriter;
+
+  onnx::ModelProto shell_;
+  std::unique_ptr<Graph> graph_;
+  std::string path_;
+  std::string baseDir_;
+  std::unordered_set<std::string> nodeNames_;
+  std::unordered_set<std::string> valueNames_;
+  std::unordered_set<std::string> pinnedNames_;
+};
+
+}  // namespace bnfold

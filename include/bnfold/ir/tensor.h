@@ -1,0 +1,160 @@
+#pragma once
+/// \file
+/// Tensor: one type for initializers and Constant-node values. It owns the TensorProto it was loaded from
+/// and reads its bytes in place; bytes are only copied when they are not stored packed (typed repeated
+/// fields that do not match the element layout) or live in an external data file.
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <Eigen/Core>
+#include <onnx/onnx_pb.h>
+
+namespace bnfold {
+
+/// Element types, numbered as onnx::TensorProto_DataType.
+enum class DataType : int32_t {
+  Undefined = 0,
+  Float = 1,
+  UInt8 = 2,
+  Int8 = 3,
+  UInt16 = 4,
+  Int16 = 5,
+  Int32 = 6,
+  Int64 = 7,
+  String = 8,
+  Bool = 9,
+  Float16 = 10,
+  Double = 11,
+  UInt32 = 12,
+  UInt64 = 13,
+  Complex64 = 14,
+  Complex128 = 15,
+  BFloat16 = 16,
+};
+
+/// Bytes per element; 0 for String and Undefined (and for types this build does not know).
+std::size_t elementSize(DataType type);
+/// The ONNX spelling ("float", "float16", ...).
+std::string dataTypeName(DataType type);
+/// float, double, float16 or bfloat16.
+bool isFloatingPoint(DataType type);
+
+/// Where an externally stored tensor's bytes are, as declared by its `external_data` entries.
+struct ExternalDataRef {
+  std::string location;  ///< path relative to the model's folder, as written in the model
+  int64_t offset = 0;
+  int64_t length = -1;  ///< -1: until the end of the file
+};
+
+template <typename T>
+class TensorView;
+
+class Tensor {
+ public:
+  /// Takes ownership of a loaded TensorProto. `baseDir` is the folder external data paths are relative to.
+  explicit Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir = {});
+
+  /// A new tensor from double values, rounded once to `type` (float, double, float16 or bfloat16).
+  static Tensor fromDoubles(std::string name, DataType type, std::vector<int64_t> dims,
+                            const std::vector<double>& values);
+  /// A new tensor holding int64 values (shapes, axes).
+  static Tensor fromInt64s(std::string name, std::vector<int64_t> dims, const std::vector<int64_t>& values);
+
+  const std::string& name() const { return proto_->name(); }
+  void setName(const std::string& name) { proto_->set_name(name); }
+  DataType dataType() const { return static_cast<DataType>(proto_->data_type()); }
+  std::vector<int64_t> dims() const { return {proto_->dims().begin(), proto_->dims().end()}; }
+  int64_t rank() const { return proto_->dims_size(); }
+  int64_t elementCount() const;
+  bool isExternal() const;
+  /// The external-data reference (only meaningful when isExternal()).
+  ExternalDataRef externalData() const;
+  const std::string& baseDir() const { return baseDir_; }
+
+  /// Checks that the stored data agrees with dims and type (byte count, external file bounds and path).
+  /// Throws bnfold::Error with `file` and a description naming the tensor.
+  void validate(const std::string& file) const;
+
+  /// The elements as packed little-endian bytes (numeric types only). Reads external data on first use.
+  std::string_view bytes() const;
+  /// Every element converted to double (any numeric type).
+  std::vector<double> toDoubles() const;
+  /// Every element converted to int64 (integer types, and exact floating values).
+  std::vector<int64_t> toInt64s() const;
+
+  /// A typed read-only view; T must match the data type (float, double, Eigen::half, Eigen::bfloat16,
+  /// int64_t, int32_t, ...). Throws otherwise.
+  template <typename T>
+  TensorView<T> view() const;
+
+  /// Bytes occupied by the elements (elementCount * elementSize).
+  int64_t byteSize() const;
+
+  const onnx::TensorProto& proto() const { return *proto_; }
+
+  // Used by the writer to lend the proto to a ModelProto for serialization without copying it.
+  std::unique_ptr<onnx::TensorProto> lendProto() { return std::move(proto_); }
+  void returnProto(std::unique_ptr<onnx::TensorProto> proto) { proto_ = std::move(proto); }
+  /// Drop a cached copy of external bytes (the writer streams them instead).
+  void releaseCachedBytes() const;
+
+ private:
+  std::unique_ptr<onnx::TensorProto> proto_;
+  std::string baseDir_;
+  mutable std::string packedBytes_;  // only for typed fields or external data
+  mutable bool packedBytesReady_ = false;
+};
+
+/// A typed read-only view over a tensor's packed bytes. Reads go through memcpy: raw_data has no alignment
+/// guarantee.
+template <typename T>
+class TensorView {
+ public:
+  TensorView(std::string_view bytes, int64_t count) : data_(bytes.data()), count_(count) {}
+  int64_t size() const { return count_; }
+  T operator[](int64_t index) const {
+    T value;
+    std::memcpy(&value, data_ + index * sizeof(T), sizeof(T));
+    return value;
+  }
+  /// Eigen map over the elements; Unaligned because the protobuf's bytes may be at any address.
+  Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>, Eigen::Unaligned> map() const {
+    return {reinterpret_cast<const T*>(data_), static_cast<Eigen::Index>(count_)};
+  }
+
+ private:
+  const char* data_;
+  int64_t count_;
+};
+
+/// The DataType a C++ element type stands for.
+template <typename T>
+constexpr DataType dataTypeOf();
+template <> constexpr DataType dataTypeOf<float>() { return DataType::Float; }
+template <> constexpr DataType dataTypeOf<double>() { return DataType::Double; }
+template <> constexpr DataType dataTypeOf<Eigen::half>() { return DataType::Float16; }
+template <> constexpr DataType dataTypeOf<Eigen::bfloat16>() { return DataType::BFloat16; }
+template <> constexpr DataType dataTypeOf<int64_t>() { return DataType::Int64; }
+template <> constexpr DataType dataTypeOf<int32_t>() { return DataType::Int32; }
+template <> constexpr DataType dataTypeOf<int16_t>() { return DataType::Int16; }
+template <> constexpr DataType dataTypeOf<int8_t>() { return DataType::Int8; }
+template <> constexpr DataType dataTypeOf<uint8_t>() { return DataType::UInt8; }
+template <> constexpr DataType dataTypeOf<uint16_t>() { return DataType::UInt16; }
+template <> constexpr DataType dataTypeOf<uint32_t>() { return DataType::UInt32; }
+template <> constexpr DataType dataTypeOf<uint64_t>() { return DataType::UInt64; }
+template <> constexpr DataType dataTypeOf<bool>() { return DataType::Bool; }
+
+void throwViewTypeMismatch(const Tensor& tensor, DataType requested);
+
+template <typename T>
+TensorView<T> Tensor::view() const {
+  if (dataType() != dataTypeOf<T>()) throwViewTypeMismatch(*this, dataTypeOf<T>());
+  return TensorView<T>(bytes(), elementCount());
+}
+
+}  // namespace bnfold

@@ -1,0 +1,44 @@
+#pragma once
+/// \file
+/// The JSON report of a run: what was rewritten (one array per kind of rewrite) and which
+/// BatchNormalization nodes were left in place and why. The format is documented in README.md and
+/// schema/report.schema.json.
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace bnfold {
+
+/// The arrays a report always has, in the order they are written.
+inline constexpr const char* kReportSections[] = {"folds",    "bias_absorbed", "scale_folded", "decomposed",
+                                                  "expanded", "frozen",        "skipped"};
+
+class Report {
+ public:
+  Report();
+  /// Version of the report format; bumped when a field changes meaning or disappears.
+  static constexpr int kFormatVersion = 1;
+
+  void setInput(const std::string& path) { doc_["input"] = path; }
+  void setOutput(const std::string& path) { doc_["output"] = path; }
+  void setOpset(int64_t version) { doc_["opset"] = version; }
+  void setRules(const std::vector<std::string>& rules) { doc_["rules"] = rules; }
+
+  /// Appends `entry` to `section` (one of kReportSections, or a new one).
+  void add(const std::string& section, nlohmann::json entry);
+  const nlohmann::json& section(const std::string& name) const;
+  /// Entries in every section but "skipped": the rewrites done.
+  std::size_t rewriteCount() const;
+
+  const nlohmann::json& json() const { return doc_; }
+  /// Pretty-printed JSON with a trailing newline.
+  std::string dump() const;
+  /// Writes the report atomically.
+  void write(const std::string& path) const;
+
+ private:
+  nlohmann::json doc_;
+};
+
+}  // namespace bnfold

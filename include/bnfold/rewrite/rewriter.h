@@ -1,0 +1,77 @@
+#pragma once
+/// \file
+/// The Rewriter is the only way to change a graph once it is loaded. Every change goes through it so it can
+/// keep use lists right, drop constants a rewrite left without readers, tell the driver what to look at
+/// again, and record provenance for the report.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bnfold/ir/model.h"
+#include "bnfold/report/report.h"
+
+namespace bnfold {
+
+class Rule;
+
+class Rewriter {
+ public:
+  Rewriter(Model& model, Report& report);
+  ~Rewriter();
+  Rewriter(const Rewriter&) = delete;
+  Rewriter& operator=(const Rewriter&) = delete;
+
+  Model& model() { return model_; }
+  /// The rule whose rewrite runs now; its name goes into every report entry it records.
+  void beginRule(const Rule* rule) { rule_ = rule; }
+
+  /// Adds an initializer to `graph` under a fresh unique name derived from `nameHint`.
+  Value* addInitializer(const Graph& graph, Tensor tensor, const std::string& nameHint);
+
+  /// Creates a node right before `anchor` in anchor's graph. Outputs get fresh names derived from the hints.
+  Node* createNode(const Node* anchor, const std::string& opType, const std::vector<const Value*>& inputs,
+                   const std::vector<std::string>& outputNameHints, const std::string& nameHint,
+                   std::vector<onnx::AttributeProto> attributes = {});
+
+  /// Points input `slot` of `node` at `value` (null omits it); the input list grows when needed.
+  void setInput(const Node* node, int slot, const Value* value);
+  /// Sets (or replaces) an attribute.
+  void setAttribute(const Node* node, onnx::AttributeProto attribute);
+  void removeAttribute(const Node* node, const std::string& name);
+
+  /// Every reader of `from` (including graph outputs, which keep `from`'s name by renaming) now reads `to`.
+  /// `from`'s producer is then erased when none of its outputs is read any more.
+  /// Used when a node disappears: `to` takes over `from`'s name, so consumers and graph outputs keep working.
+  /// Precondition: `to` is read by nothing but `from`'s producer, and is not a graph output.
+  void replaceValueKeepingName(const Value* from, const Value* to);
+
+  /// Erases `node`; none of its outputs may still be read or be a graph output.
+  void eraseNode(const Node* node);
+
+  /// Appends an entry to a report section, tagged with the current rule's name.
+  void record(const std::string& section, nlohmann::json entry);
+
+  /// Nodes created or changed since the last call (for the driver's worklist).
+  std::vector<Node*> takeTouched();
+
+  /// Compacts graphs after rewrites (drops removed initializers and values). Called by the driver.
+  void finish();
+
+ private:
+  void touch(Node* node);
+  void removeUse(Value* value, Node* node, int slot);
+  void dropIfDeadConstant(Value* value);
+  void retireValue(Value* value);
+
+  Model& model_;
+  Report& report_;
+  const Rule* rule_ = nullptr;
+  std::vector<Node*> touched_;
+  std::vector<std::unique_ptr<Node>> erasedNodes_;
+  std::vector<Graph*> dirtyGraphs_;
+};
+
+}  // namespace bnfold

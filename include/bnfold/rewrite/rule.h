@@ -1,0 +1,105 @@
+#pragma once
+/// \file
+/// A rewrite rule: a stable kebab-case name, the op types it is rooted at, a `match` that inspects the graph
+/// and either returns what it found or a reason code, and a `rewrite` that cannot fail. Every fallible check
+/// belongs in `match`, so a rule never gives up half-way through changing a graph.
+
+#include <climits>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bnfold/ir/model.h"
+
+namespace bnfold {
+
+class Rewriter;
+
+/// Why a rule did not apply: a short machine-readable code (e.g. "params-not-constant") and a sentence.
+struct MatchFailure {
+  std::string code;
+  std::string message;
+};
+
+/// What a rule found; each rule derives its own.
+struct Match {
+  virtual ~Match() = default;
+};
+
+class MatchResult {
+ public:
+  static MatchResult failure(std::string code, std::string message) {
+    MatchResult result;
+    result.failure_ = {std::move(code), std::move(message)};
+    return result;
+  }
+  template <typename M>
+  static MatchResult success(std::unique_ptr<M> match) {
+    MatchResult result;
+    result.match_ = std::move(match);
+    return result;
+  }
+  bool matched() const { return match_ != nullptr; }
+  const MatchFailure& failure() const { return failure_; }
+  Match& match() { return *match_; }
+
+ private:
+  std::unique_ptr<Match> match_;
+  MatchFailure failure_;
+};
+
+/// Options the user sets that rules consult.
+struct RuleOptions {
+  /// Initializers that are also graph inputs (IR >= 4) are overridable defaults; treat them as constants.
+  bool inputDefaultsAreConstant = false;
+  /// Turn training-mode BatchNormalization into inference mode (changes the function; off by default).
+  bool freezeTrainingBatchNorm = false;
+  /// Node-name glob patterns and op types no rule may touch.
+  std::vector<std::string> keepNodes;
+  std::vector<std::string> keepOps;
+};
+
+/// What a rule sees besides the node: the model and the user's options.
+class RuleContext {
+ public:
+  RuleContext(const Model& model, const RuleOptions& options) : model_(model), options_(options) {}
+  const Model& model() const { return model_; }
+  const RuleOptions& options() const { return options_; }
+  int64_t opset() const { return model_.opsetVersion(""); }
+
+  /// True when the user asked to keep this node (--keep / --keep-op): no rule may change or remove it.
+  bool isKept(const Node& node) const;
+
+  /// The constant tensor behind `value` when it is a compile-time constant under the user's options, else
+  /// null with `whyNot` (when given) set to a failure saying why (e.g. a graph input fed at run time).
+  const Tensor* constantOf(const Value* value, MatchFailure* whyNot = nullptr) const;
+
+ private:
+  const Model& model_;
+  const RuleOptions& options_;
+};
+
+class Rule {
+ public:
+  virtual ~Rule() = default;
+  /// Stable kebab-case id, used by --rules and in the report.
+  virtual const char* name() const = 0;
+  /// One line for --help.
+  virtual const char* summary() const = 0;
+  /// Op types (standard ONNX domain) this rule is rooted at.
+  virtual std::vector<std::string> rootOps() const = 0;
+  virtual int64_t minOpset() const { return 1; }
+  virtual int64_t maxOpset() const { return INT64_MAX; }
+  virtual bool enabledByDefault() const { return true; }
+
+  /// Inspects `root` without changing anything.
+  virtual MatchResult match(const Node& root, const RuleContext& context) const = 0;
+  /// Applies a successful match through the rewriter. Must not fail.
+  virtual void rewrite(Match& match, Rewriter& rewriter) const = 0;
+};
+
+/// True when `name` matches the shell-style glob `pattern` (`*`, `?`, `[...]`).
+bool globMatch(const std::string& pattern, const std::string& name);
+
+}  // namespace bnfold

@@ -1,0 +1,235 @@
+// ModelProto -> IR. Tensors are moved out of the proto (no byte copies); every other field stays in the
+// shells kept by Model, Graph and Node, so what the IR does not model survives untouched.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <unordered_map>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+
+#include "bnfold/error.h"
+#include "bnfold/io/model_io.h"
+
+namespace bnfold {
+namespace fs = std::filesystem;
+
+class ModelReader {
+ public:
+  ModelReader(Model& model, std::string file, const LoadOptions& options)
+      : model_(model), file_(std::move(file)), options_(options) {}
+
+  void read(onnx::ModelProto&& proto, const std::string& baseDir) {
+    model_.path_ = file_;
+    model_.baseDir_ = baseDir;
+    model_.shell_.Swap(&proto);
+    if (!model_.shell_.has_graph()) throw Error(file_, "not an ONNX model: it has no graph");
+    std::unique_ptr<onnx::GraphProto> graph(model_.shell_.release_graph());
+    reserveNames(*graph);
+    for (const auto& function : model_.shell_.functions())
+      for (const auto& node : function.node()) model_.nodeNames_.insert(node.name());
+    pinTrainingInfoNames();
+    buildGraph(*model_.graph_, *graph);
+  }
+
+ private:
+  // Existing names are reserved first so the names given to unnamed nodes never clash with later ones.
+  void reserveNames(const onnx::GraphProto& graph) {
+    for (const auto& init : graph.initializer()) model_.valueNames_.insert(init.name());
+    for (const auto& input : graph.input()) model_.valueNames_.insert(input.name());
+    for (const auto& node : graph.node()) {
+      if (!node.name().empty()) model_.nodeNames_.insert(node.name());
+      for (const auto& output : node.output()) model_.valueNames_.insert(output);
+      for (const auto& attr : node.attribute()) {
+        if (attr.has_g()) reserveNames(attr.g());
+        for (const auto& g : attr.graphs()) reserveNames(g);
+      }
+    }
+  }
+
+  // training_info graphs read main-graph initializers by name; those must never be removed.
+  void pinTrainingInfoNames() {
+    for (const auto& info : model_.shell_.training_info()) {
+      for (const auto* graph : {&info.initialization(), &info.algorithm()}) pinNamesReadBy(*graph);
+      for (const auto& binding : info.initialization_binding()) model_.pinnedNames_.insert(binding.key());
+      for (const auto& binding : info.update_binding()) model_.pinnedNames_.insert(binding.key());
+    }
+  }
+
+  void pinNamesReadBy(const onnx::GraphProto& graph) {
+    for (const auto& node : graph.node()) {
+      for (const auto& input : node.input()) model_.pinnedNames_.insert(input);
+      for (const auto& attr : node.attribute()) {
+        if (attr.has_g()) pinNamesReadBy(attr.g());
+        for (const auto& g : attr.graphs()) pinNamesReadBy(g);
+      }
+    }
+    for (const auto& output : graph.output()) model_.pinnedNames_.insert(output.name());
+  }
+
+  std::string graphLabel(const Graph& graph) const {
+    return graph.parent() ? "subgraph '" + graph.name() + "' of node '" + graph.ownerNode()->name() + "'"
+                          : "graph '" + graph.name() + "'";
+  }
+
+  void buildGraph(Graph& graph, onnx::GraphProto& proto) {
+    const int initCount = proto.initializer_size();
+    std::vector<onnx::TensorProto*> inits(static_cast<std::size_t>(initCount));
+    if (initCount > 0) proto.mutable_initializer()->ExtractSubrange(0, initCount, inits.data());
+    for (onnx::TensorProto* raw : inits) {
+      auto tensor = std::make_unique<Tensor>(std::unique_ptr<onnx::TensorProto>(raw), model_.baseDir_);
+      if (tensor->name().empty()) throw Error(file_, graphLabel(graph) + " has an initializer without a name");
+      tensor->validate(file_);
+      if (graph.findLocal(tensor->name()))
+        throw Error(file_, graphLabel(graph) + " defines initializer '" + tensor->name() + "' twice");
+      Value* value = graph.newValue(tensor->name());
+      value->initializer_ = std::move(tensor);
+      graph.initializers_.push_back(value);
+    }
+    for (auto& sparse : *proto.mutable_sparse_initializer()) {
+      const std::string& name = sparse.values().name();
+      Value* value = graph.findLocal(name) ? graph.findLocal(name) : graph.newValue(name);
+      value->sparseInitializer_ = true;
+      graph.sparseInitializers_.emplace_back();
+      graph.sparseInitializers_.back().Swap(&sparse);
+    }
+    proto.clear_sparse_initializer();
+    for (auto& input : *proto.mutable_input()) {
+      Value* value = graph.findLocal(input.name());
+      if (!value) value = graph.newValue(input.name());
+      value->graphInput_ = true;
+      graph.inputs_.push_back({value, {}});
+      graph.inputs_.back().info.Swap(&input);
+    }
+    proto.clear_input();
+
+    for (auto& nodeProto : *proto.mutable_node()) buildNode(graph, nodeProto);
+    proto.clear_node();
+
+    for (auto& output : *proto.mutable_output()) {
+      Value* value = graph.lookup(output.name());
+      if (!value) throw Error(file_, graphLabel(graph) + " has output '" + output.name() + "' that nothing defines");
+      value->graphOutput_ = true;
+      graph.outputs_.push_back({value, {}});
+      graph.outputs_.back().info.Swap(&output);
+    }
+    proto.clear_output();
+    for (auto& info : *proto.mutable_value_info()) {
+      // value_info may describe names that no longer exist; keep it as it is (value stays null).
+      graph.valueInfo_.push_back({graph.lookup(info.name()), {}});
+      graph.valueInfo_.back().info.Swap(&info);
+    }
+    proto.clear_value_info();
+    graph.shell_.Swap(&proto);
+  }
+
+  void buildNode(Graph& graph, onnx::NodeProto& nodeProto) {
+    auto owned = std::make_unique<Node>();
+    Node* node = owned.get();
+    node->graph_ = &graph;
+    node->proto_.Swap(&nodeProto);
+    onnx::NodeProto& np = node->proto_;
+    if (np.name().empty() && options_.nameUnnamedNodes) {
+      np.set_name(model_.uniqueNodeName(np.op_type() + "_" + std::to_string(unnamedCounter_[np.op_type()]++)));
+    }
+    const std::string label = "node '" + np.name() + "' (" + np.op_type() + ")";
+    for (int i = 0; i < np.input_size(); ++i) {
+      const std::string& name = np.input(i);
+      if (name.empty()) {
+        node->inputs_.push_back(nullptr);
+        continue;
+      }
+      Value* value = graph.lookup(name);
+      if (!value)
+        throw Error(file_, label + " in " + graphLabel(graph) + " reads '" + name +
+                               "', which no earlier node, initializer or graph input defines");
+      value->uses_.push_back({node, i});
+      node->inputs_.push_back(value);
+    }
+    np.clear_input();
+    // Subgraphs and tensors move out of the attributes; subgraphs see the values defined so far.
+    for (int a = 0; a < np.attribute_size(); ++a) {
+      onnx::AttributeProto& attr = *np.mutable_attribute(a);
+      if (attr.has_g()) {
+        std::unique_ptr<onnx::GraphProto> body(attr.release_g());
+        node->subgraphs_.push_back({a, -1, std::make_unique<Graph>(&model_, &graph, node)});
+        buildGraph(*node->subgraphs_.back().graph, *body);
+      }
+      const int graphCount = attr.graphs_size();
+      if (graphCount > 0) {
+        std::vector<onnx::GraphProto*> bodies(static_cast<std::size_t>(graphCount));
+        attr.mutable_graphs()->ExtractSubrange(0, graphCount, bodies.data());
+        for (int j = 0; j < graphCount; ++j) {
+          std::unique_ptr<onnx::GraphProto> body(bodies[static_cast<std::size_t>(j)]);
+          node->subgraphs_.push_back({a, j, std::make_unique<Graph>(&model_, &graph, node)});
+          buildGraph(*node->subgraphs_.back().graph, *body);
+        }
+      }
+      if (attr.has_t()) {
+        auto tensor = std::make_unique<Tensor>(std::unique_ptr<onnx::TensorProto>(attr.release_t()), model_.baseDir_);
+        tensor->validate(file_);
+        node->tensorAttributes_.emplace_back(a, std::move(tensor));
+      }
+    }
+    for (int i = 0; i < np.output_size(); ++i) {
+      const std::string& name = np.output(i);
+      if (name.empty()) {
+        node->outputs_.push_back(nullptr);
+        continue;
+      }
+      if (Value* existing = graph.findLocal(name))
+        throw Error(file_, label + " writes '" + name + "', which is already defined" +
+                               (existing->producer() ? " by node '" + existing->producer()->name() + "'" : ""));
+      Value* value = graph.newValue(name);
+      value->producer_ = node;
+      value->producerOutput_ = i;
+      node->outputs_.push_back(value);
+    }
+    np.clear_output();
+    node->position_ = graph.nodes_.insert(graph.nodes_.end(), std::move(owned));
+  }
+
+  Model& model_;
+  std::string file_;
+  LoadOptions options_;
+  std::unordered_map<std::string, int> unnamedCounter_;
+};
+
+std::unique_ptr<Model> modelFromProto(onnx::ModelProto&& proto, const std::string& sourceName,
+                                      const std::string& baseDir, const LoadOptions& options) {
+  auto model = std::make_unique<Model>();
+  ModelReader(*model, sourceName, options).read(std::move(proto), baseDir);
+  return model;
+}
+
+std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& options) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(path, "no such file");
+  if (fs::is_directory(path, ec)) throw Error(path, "is a folder, not a model file");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat info {};
+  fstat(fd, &info);
+  if (info.st_size == 0) {
+    ::close(fd);
+    throw Error(path, "the file is empty");
+  }
+  onnx::ModelProto proto;
+  bool parsed;
+  {
+    google::protobuf::io::FileInputStream input(fd, 1 << 20);
+    parsed = proto.ParseFromZeroCopyStream(&input);
+  }
+  ::close(fd);
+  if (!parsed) throw Error(path, "not a valid ONNX model: the protobuf cannot be parsed (corrupt or truncated file)");
+  const fs::path modelPath(path);
+  const std::string baseDir = modelPath.has_parent_path() ? modelPath.parent_path().string() : ".";
+  return modelFromProto(std::move(proto), path, baseDir, options);
+}
+
+}  // namespace bnfold

@@ -1,0 +1,288 @@
+// IR -> ModelProto -> file. Tensor protos are lent to the ModelProto for serialization and taken back
+// afterwards, so saving neither copies tensor bytes nor changes the model. External tensors are streamed
+// from their source file into one data file beside the output.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <unordered_map>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+
+#include "atomic_file.h"
+#include "bnfold/error.h"
+#include "bnfold/io/model_io.h"
+
+namespace bnfold {
+namespace fs = std::filesystem;
+
+class ModelWriter {
+ public:
+  explicit ModelWriter(Model& model) : model_(model) {}
+  ~ModelWriter() { takeBack(); }
+  ModelWriter(const ModelWriter&) = delete;
+  ModelWriter& operator=(const ModelWriter&) = delete;
+
+  /// Fills `out` with the whole model. Tensors are lent until takeBack() (or destruction).
+  void build(onnx::ModelProto& out) {
+    out = model_.shell_;
+    fillGraph(*model_.graph_, *out.mutable_graph());
+  }
+
+  /// Every tensor of the model (initializers and tensor attributes of every graph), in save order.
+  std::vector<Tensor*> allTensors() {
+    std::vector<Tensor*> tensors;
+    collectTensors(*model_.graph_, tensors);
+    return tensors;
+  }
+
+  /// Every tensor currently lent, with its proto inside the ModelProto.
+  const std::vector<std::pair<Tensor*, onnx::TensorProto*>>& lentTensors() const { return lent_; }
+
+  void takeBack() {
+    for (auto& [graph, proto] : lentGraphs_) {
+      const int count = proto->initializer_size();
+      std::vector<onnx::TensorProto*> protos(static_cast<std::size_t>(count));
+      if (count > 0) proto->mutable_initializer()->ExtractSubrange(0, count, protos.data());
+      for (int i = 0; i < count; ++i)
+        graph->initializers_[static_cast<std::size_t>(i)]->initializer_->returnProto(
+            std::unique_ptr<onnx::TensorProto>(protos[static_cast<std::size_t>(i)]));
+    }
+    lentGraphs_.clear();
+    for (auto& [attr, tensor] : lentAttributes_) tensor->returnProto(std::unique_ptr<onnx::TensorProto>(attr->release_t()));
+    lentAttributes_.clear();
+    lent_.clear();
+  }
+
+ private:
+  static void fillValueInfo(const std::vector<ValueInfoEntry>& entries,
+                            google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>& out) {
+    out.Reserve(static_cast<int>(entries.size()));
+    for (const ValueInfoEntry& entry : entries) {
+      onnx::ValueInfoProto* info = out.Add();
+      *info = entry.info;
+      if (entry.value) info->set_name(entry.value->name());
+    }
+  }
+
+  static void collectTensors(Graph& graph, std::vector<Tensor*>& out) {
+    for (auto& node : graph.nodes_) {
+      for (auto& slot : node->subgraphs_) collectTensors(*slot.graph, out);
+      for (auto& entry : node->tensorAttributes_) out.push_back(entry.second.get());
+    }
+    for (Value* value : graph.initializers_) out.push_back(value->initializer_.get());
+  }
+
+  void fillGraph(Graph& graph, onnx::GraphProto& out) {
+    out = graph.shell_;
+    out.mutable_node()->Reserve(static_cast<int>(graph.nodes_.size()));
+    for (auto& nodePtr : graph.nodes_) {
+      Node& node = *nodePtr;
+      onnx::NodeProto* np = out.add_node();
+      *np = node.proto_;
+      for (Value* input : node.inputs_) np->add_input(input ? input->name() : std::string());
+      for (Value* output : node.outputs_) np->add_output(output ? output->name() : std::string());
+      for (auto& slot : node.subgraphs_) {
+        onnx::AttributeProto* attr = np->mutable_attribute(slot.attributeIndex);
+        onnx::GraphProto* body = slot.graphIndex < 0 ? attr->mutable_g() : attr->add_graphs();
+        fillGraph(*slot.graph, *body);
+      }
+      for (auto& [index, tensor] : node.tensorAttributes_) {
+        onnx::AttributeProto* attr = np->mutable_attribute(index);
+        onnx::TensorProto* lentProto = tensor->lendProto().release();
+        attr->set_allocated_t(lentProto);
+        lentAttributes_.emplace_back(attr, tensor.get());
+        lent_.emplace_back(tensor.get(), lentProto);
+      }
+    }
+    out.mutable_initializer()->Reserve(static_cast<int>(graph.initializers_.size()));
+    for (Value* value : graph.initializers_) {
+      Tensor* tensor = value->initializer_.get();
+      tensor->setName(value->name());
+      onnx::TensorProto* lentProto = tensor->lendProto().release();
+      out.mutable_initializer()->AddAllocated(lentProto);
+      lent_.emplace_back(tensor, lentProto);
+    }
+    lentGraphs_.emplace_back(&graph, &out);
+    for (const auto& sparse : graph.sparseInitializers_) *out.add_sparse_initializer() = sparse;
+    fillValueInfo(graph.inputs_, *out.mutable_input());
+    fillValueInfo(graph.outputs_, *out.mutable_output());
+    fillValueInfo(graph.valueInfo_, *out.mutable_value_info());
+  }
+
+  Model& model_;
+  std::vector<std::pair<Graph*, onnx::GraphProto*>> lentGraphs_;
+  std::vector<std::pair<onnx::AttributeProto*, Tensor*>> lentAttributes_;
+  std::vector<std::pair<Tensor*, onnx::TensorProto*>> lent_;
+};
+
+onnx::ModelProto modelToProto(Model& model) {
+  onnx::ModelProto out;
+  ModelWriter writer(model);
+  writer.build(out);
+  onnx::ModelProto copy = out;  // the copy owns its tensors; `out` gives the lent ones back
+  return copy;
+}
+
+namespace {
+
+constexpr int64_t kProtobufLimit = INT_MAX;
+// Tensors kept inline may use this much; the rest of the model (nodes, names) needs the remainder.
+constexpr int64_t kInlineBudget = kProtobufLimit - (64LL << 20);
+
+void writeAll(int fd, const char* data, std::size_t size, const std::string& path) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error(path, std::string("cannot write: ") + std::strerror(errno));
+    }
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+}
+
+// Appends a tensor's bytes to the data file, streaming external sources in chunks.
+void appendTensorData(const Tensor& tensor, int fd, const std::string& dataPath) {
+  if (!tensor.isExternal()) {
+    const std::string_view bytes = tensor.bytes();
+    writeAll(fd, bytes.data(), bytes.size(), dataPath);
+    return;
+  }
+  const ExternalDataRef ref = tensor.externalData();
+  const fs::path source = fs::path(tensor.baseDir().empty() ? "." : tensor.baseDir()) / ref.location;
+  std::ifstream in(source, std::ios::binary);
+  if (!in) throw Error(source.string(), "cannot open external data of tensor '" + tensor.name() + "'");
+  in.seekg(ref.offset);
+  int64_t remaining = tensor.byteSize();
+  std::vector<char> chunk(static_cast<std::size_t>(std::min<int64_t>(remaining, 8 << 20)));
+  while (remaining > 0) {
+    const auto n = static_cast<std::streamsize>(std::min<int64_t>(remaining, static_cast<int64_t>(chunk.size())));
+    in.read(chunk.data(), n);
+    if (in.gcount() != n) throw Error(source.string(), "external data of tensor '" + tensor.name() + "' ends early");
+    writeAll(fd, chunk.data(), static_cast<std::size_t>(n), dataPath);
+    remaining -= n;
+  }
+}
+
+void setExternalLocation(onnx::TensorProto& proto, const std::string& location, int64_t offset, int64_t length) {
+  proto.clear_raw_data();
+  proto.clear_float_data();
+  proto.clear_double_data();
+  proto.clear_int32_data();
+  proto.clear_int64_data();
+  proto.clear_uint64_data();
+  proto.clear_external_data();
+  proto.set_data_location(onnx::TensorProto::EXTERNAL);
+  auto add = [&](const char* key, const std::string& value) {
+    auto* entry = proto.add_external_data();
+    entry->set_key(key);
+    entry->set_value(value);
+  };
+  add("location", location);
+  add("offset", std::to_string(offset));
+  add("length", std::to_string(length));
+}
+
+}  // namespace
+
+void saveModel(Model& model, const std::string& path, const SaveOptions& options) {
+  const fs::path target(path);
+  const std::string dataFileName =
+      options.externalDataFileName.empty() ? target.filename().string() + ".data" : options.externalDataFileName;
+  const fs::path dataPath = (target.has_parent_path() ? target.parent_path() : fs::path(".")) / dataFileName;
+
+  onnx::ModelProto proto;  // declared before the writer: it must outlive the lent tensors' return
+  ModelWriter writer(model);
+  // Choose what goes to the data file: everything that was external, plus the largest inline tensors when
+  // the inline ones would not fit in one protobuf.
+  std::vector<Tensor*> toExternal;
+  std::vector<Tensor*> inlineTensors;
+  int64_t inlineBytes = 0;
+  for (Tensor* tensor : writer.allTensors()) {
+    if (tensor->isExternal()) {
+      toExternal.push_back(tensor);
+    } else {
+      inlineTensors.push_back(tensor);
+      inlineBytes += static_cast<int64_t>(tensor->proto().ByteSizeLong());
+    }
+  }
+  if (options.spillLargeModels && inlineBytes > kInlineBudget) {
+    std::stable_sort(inlineTensors.begin(), inlineTensors.end(),
+                     [](const Tensor* a, const Tensor* b) { return a->byteSize() > b->byteSize(); });
+    for (Tensor* tensor : inlineTensors) {
+      if (inlineBytes <= kInlineBudget) break;
+      if (tensor->dataType() == DataType::String) continue;
+      inlineBytes -= static_cast<int64_t>(tensor->proto().ByteSizeLong());
+      toExternal.push_back(tensor);
+    }
+  }
+  struct Placement {
+    int64_t offset;
+    int64_t length;
+  };
+  std::unordered_map<const Tensor*, Placement> placements;
+  std::unique_ptr<AtomicFile> dataFile;
+  if (!toExternal.empty()) {
+    dataFile = std::make_unique<AtomicFile>(dataPath.string());
+    int64_t offset = 0;
+    for (Tensor* tensor : toExternal) {
+      appendTensorData(*tensor, dataFile->fd(), dataPath.string());
+      tensor->releaseCachedBytes();
+      placements[tensor] = {offset, tensor->byteSize()};
+      offset += tensor->byteSize();
+    }
+  }
+
+  writer.build(proto);
+  // Originals of the protos whose storage fields change, restored before the writer gives them back.
+  std::vector<std::pair<onnx::TensorProto*, onnx::TensorProto>> saved;
+  auto restore = [&]() {
+    for (auto& [lentProto, original] : saved) lentProto->Swap(&original);
+    saved.clear();
+  };
+  try {
+    for (const auto& [tensor, lentProto] : writer.lentTensors()) {
+      auto placement = placements.find(tensor);
+      if (placement == placements.end()) continue;
+      onnx::TensorProto original;
+      original.Swap(lentProto);  // keep the original's storage; rebuild the lent proto's metadata from it
+      saved.emplace_back(lentProto, std::move(original));
+      const onnx::TensorProto& source = saved.back().second;
+      lentProto->set_name(source.name());
+      lentProto->set_data_type(source.data_type());
+      *lentProto->mutable_dims() = source.dims();
+      if (source.has_doc_string()) lentProto->set_doc_string(source.doc_string());
+      setExternalLocation(*lentProto, dataFileName, placement->second.offset, placement->second.length);
+    }
+    const std::size_t size = proto.ByteSizeLong();
+    if (size > static_cast<std::size_t>(kProtobufLimit))
+      throw Error(path, "the model is larger than protobuf's 2 GiB limit even with tensors stored externally");
+    AtomicFile modelFile(path);
+    {
+      google::protobuf::io::FileOutputStream stream(modelFile.fd(), 1 << 20);
+      {
+        google::protobuf::io::CodedOutputStream coded(&stream);
+        coded.SetSerializationDeterministic(true);
+        proto.SerializeWithCachedSizes(&coded);
+        if (coded.HadError()) throw Error(path, "cannot write the model");
+      }
+      if (!stream.Flush()) throw Error(path, std::string("cannot write: ") + std::strerror(stream.GetErrno()));
+    }
+    restore();
+    if (dataFile) dataFile->commit();
+    modelFile.commit();
+  } catch (...) {
+    restore();
+    throw;
+  }
+}
+
+}  // namespace bnfold

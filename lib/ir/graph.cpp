@@ -1,0 +1,223 @@
+#include "bnfold/ir/graph.h"
+
+#include <stdexcept>
+#include <unordered_set>
+
+#include "bnfold/ir/model.h"
+
+namespace bnfold {
+
+Node::~Node() = default;
+
+bool Node::isOnnxOp(const char* type) const {
+  return (domain().empty() || domain() == "ai.onnx") && opType() == type;
+}
+
+const onnx::AttributeProto* Node::attribute(const std::string& name) const {
+  for (const auto& attr : proto_.attribute())
+    if (attr.name() == name) return &attr;
+  return nullptr;
+}
+
+int64_t Node::attributeInt(const std::string& name, int64_t fallback) const {
+  const auto* attr = attribute(name);
+  return attr && attr->type() == onnx::AttributeProto::INT ? attr->i() : fallback;
+}
+
+float Node::attributeFloat(const std::string& name, float fallback) const {
+  const auto* attr = attribute(name);
+  return attr && attr->type() == onnx::AttributeProto::FLOAT ? attr->f() : fallback;
+}
+
+std::vector<int64_t> Node::attributeInts(const std::string& name) const {
+  const auto* attr = attribute(name);
+  if (!attr) return {};
+  return {attr->ints().begin(), attr->ints().end()};
+}
+
+std::string Node::attributeString(const std::string& name, const std::string& fallback) const {
+  const auto* attr = attribute(name);
+  return attr && attr->type() == onnx::AttributeProto::STRING ? attr->s() : fallback;
+}
+
+const Tensor* Node::attributeTensor(const std::string& name) const {
+  for (const auto& [index, tensor] : tensorAttributes_)
+    if (proto_.attribute(index).name() == name) return tensor.get();
+  return nullptr;
+}
+
+namespace {
+// Constant's value_float / value_floats / value_int / value_ints (opset 12+) as a tensor.
+std::unique_ptr<Tensor> tensorFromConstantAttribute(const Node& node) {
+  if (const auto* attr = node.attribute("value_float"))
+    return std::make_unique<Tensor>(Tensor::fromDoubles(node.output(0)->name(), DataType::Float, {}, {attr->f()}));
+  if (const auto* attr = node.attribute("value_floats")) {
+    std::vector<double> values(attr->floats().begin(), attr->floats().end());
+    return std::make_unique<Tensor>(Tensor::fromDoubles(node.output(0)->name(), DataType::Float,
+                                                        {static_cast<int64_t>(values.size())}, values));
+  }
+  if (const auto* attr = node.attribute("value_int"))
+    return std::make_unique<Tensor>(Tensor::fromInt64s(node.output(0)->name(), {}, {attr->i()}));
+  if (const auto* attr = node.attribute("value_ints")) {
+    std::vector<int64_t> values(attr->ints().begin(), attr->ints().end());
+    return std::make_unique<Tensor>(
+        Tensor::fromInt64s(node.output(0)->name(), {static_cast<int64_t>(values.size())}, values));
+  }
+  return nullptr;
+}
+}  // namespace
+
+const Tensor* Value::constantTensor() const {
+  if (initializer_) return initializer_.get();
+  if (!producer_ || !producer_->isOnnxOp("Constant") || producer_->isErased()) return nullptr;
+  if (const Tensor* tensor = producer_->attributeTensor("value")) return tensor;
+  if (!producer_->derivedConstant_) producer_->derivedConstant_ = tensorFromConstantAttribute(*producer_);
+  return producer_->derivedConstant_.get();
+}
+
+Graph::Graph(Model* model, Graph* parent, Node* owner) : model_(model), parent_(parent), owner_(owner) {}
+Graph::~Graph() = default;
+
+std::vector<Node*> Graph::nodeList() const {
+  std::vector<Node*> list;
+  list.reserve(nodes_.size());
+  for (const auto& node : nodes_) list.push_back(node.get());
+  return list;
+}
+
+Value* Graph::findLocal(const std::string& name) const {
+  auto it = valuesByName_.find(name);
+  return it == valuesByName_.end() ? nullptr : it->second;
+}
+
+Value* Graph::lookup(const std::string& name) const {
+  for (const Graph* graph = this; graph; graph = graph->parent_)
+    if (Value* value = graph->findLocal(name)) return value;
+  return nullptr;
+}
+
+Value* Graph::newValue(const std::string& name) {
+  auto value = std::make_unique<Value>();
+  value->name_ = name;
+  value->graph_ = this;
+  Value* raw = value.get();
+  values_.push_back(std::move(value));
+  valuesByName_[name] = raw;
+  return raw;
+}
+
+std::vector<Graph*> Graph::nestedGraphs() const {
+  std::vector<Graph*> out;
+  for (const auto& node : nodes_) {
+    for (const auto& slot : node->subgraphs_) {
+      out.push_back(slot.graph.get());
+      auto inner = slot.graph->nestedGraphs();
+      out.insert(out.end(), inner.begin(), inner.end());
+    }
+  }
+  return out;
+}
+
+namespace {
+[[noreturn]] void fail(const Graph& graph, const std::string& message) {
+  throw std::logic_error("graph '" + graph.name() + "': " + message);
+}
+
+std::size_t countUses(const Value* value, const Node* node, int slot) {
+  std::size_t count = 0;
+  for (const Use& use : value->uses())
+    if (use.node == node && use.slot == slot) ++count;
+  return count;
+}
+}  // namespace
+
+void Graph::verify() const {
+  std::unordered_set<const Value*> defined;
+  // Values defined by enclosing graphs are visible; the enclosing graph's verify checks their order.
+  for (const ValueInfoEntry& input : inputs_) defined.insert(input.value);
+  for (const Value* init : initializers_) defined.insert(init);
+  for (const auto& value : values_)
+    if (value->sparseInitializer_) defined.insert(value.get());
+  for (const auto& nodePtr : nodes_) {
+    const Node* node = nodePtr.get();
+    if (node->erased_) fail(*this, "erased node '" + node->name() + "' is still in the node list");
+    if (node->graph_ != this) fail(*this, "node '" + node->name() + "' does not point back at its graph");
+    for (std::size_t slot = 0; slot < node->inputs_.size(); ++slot) {
+      const Value* input = node->inputs_[slot];
+      if (!input) continue;
+      if (countUses(input, node, static_cast<int>(slot)) != 1)
+        fail(*this, "input " + std::to_string(slot) + " of node '" + node->name() + "' ('" + input->name() +
+                        "') is not recorded exactly once in its use list");
+      const bool local = input->graph_ == this;
+      if (local && !defined.count(input))
+        fail(*this, "node '" + node->name() + "' reads '" + input->name() + "' before it is defined");
+      if (!local) {
+        bool enclosing = false;
+        for (const Graph* g = parent_; g; g = g->parent_) enclosing |= input->graph_ == g;
+        if (!enclosing) fail(*this, "node '" + node->name() + "' reads '" + input->name() + "' from an unrelated graph");
+      }
+    }
+    for (std::size_t i = 0; i < node->outputs_.size(); ++i) {
+      const Value* output = node->outputs_[i];
+      if (!output) continue;
+      if (output->producer_ != node || output->producerOutput_ != static_cast<int>(i))
+        fail(*this, "output '" + output->name() + "' of node '" + node->name() + "' names another producer");
+      if (!defined.insert(output).second) fail(*this, "value '" + output->name() + "' is defined twice");
+    }
+    for (const auto& slot : node->subgraphs_) {
+      if (slot.graph->owner_ != node || slot.graph->parent_ != this)
+        fail(*this, "subgraph of node '" + node->name() + "' does not point back at it");
+      slot.graph->verify();
+    }
+  }
+  for (const auto& value : values_) {
+    for (const Use& use : value->uses_) {
+      if (use.node->erased_) fail(*this, "value '" + value->name() + "' lists a use by an erased node");
+      if (use.node->input(static_cast<std::size_t>(use.slot)) != value.get())
+        fail(*this, "value '" + value->name() + "' lists a use that node '" + use.node->name() + "' does not have");
+    }
+    if (value->producer_ && value->producer_->erased_)
+      fail(*this, "value '" + value->name() + "' is produced by an erased node");
+    if (findLocal(value->name_) != value.get())
+      fail(*this, "value '" + value->name() + "' is not registered under its name");
+  }
+  for (const ValueInfoEntry& output : outputs_) {
+    if (!output.value->graphOutput_) fail(*this, "graph output '" + output.value->name() + "' is not flagged");
+    if (output.value->graph_ == this && !defined.count(output.value) && !output.value->sparseInitializer_)
+      fail(*this, "graph output '" + output.value->name() + "' is never defined");
+  }
+}
+
+Model::Model() : graph_(std::make_unique<Graph>(this, nullptr, nullptr)) {}
+Model::~Model() = default;
+
+int64_t Model::opsetVersion(const std::string& domain) const {
+  const bool onnxDomain = domain.empty() || domain == "ai.onnx";
+  for (const auto& opset : shell_.opset_import()) {
+    const bool match = onnxDomain ? (opset.domain().empty() || opset.domain() == "ai.onnx") : opset.domain() == domain;
+    if (match) return opset.version();
+  }
+  return -1;
+}
+
+namespace {
+std::string reserveUnique(std::unordered_set<std::string>& used, const std::string& hint) {
+  if (used.insert(hint).second) return hint;
+  for (std::size_t n = 1;; ++n) {
+    std::string candidate = hint + "_" + std::to_string(n);
+    if (used.insert(candidate).second) return candidate;
+  }
+}
+}  // namespace
+
+std::string Model::uniqueNodeName(const std::string& hint) { return reserveUnique(nodeNames_, hint); }
+std::string Model::uniqueValueName(const std::string& hint) { return reserveUnique(valueNames_, hint); }
+
+std::vector<Graph*> Model::allGraphs() {
+  std::vector<Graph*> graphs{graph_.get()};
+  auto nested = graph_->nestedGraphs();
+  graphs.insert(graphs.end(), nested.begin(), nested.end());
+  return graphs;
+}
+
+}  // namespace bnfold

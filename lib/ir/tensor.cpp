@@ -1,0 +1,346 @@
+#include "bnfold/ir/tensor.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "bnfold/error.h"
+
+namespace bnfold {
+namespace fs = std::filesystem;
+
+std::size_t elementSize(DataType type) {
+  switch (type) {
+    case DataType::Float: return 4;
+    case DataType::UInt8: return 1;
+    case DataType::Int8: return 1;
+    case DataType::UInt16: return 2;
+    case DataType::Int16: return 2;
+    case DataType::Int32: return 4;
+    case DataType::Int64: return 8;
+    case DataType::Bool: return 1;
+    case DataType::Float16: return 2;
+    case DataType::Double: return 8;
+    case DataType::UInt32: return 4;
+    case DataType::UInt64: return 8;
+    case DataType::Complex64: return 8;
+    case DataType::Complex128: return 16;
+    case DataType::BFloat16: return 2;
+    default: return 0;
+  }
+}
+
+std::string dataTypeName(DataType type) {
+  switch (type) {
+    case DataType::Float: return "float";
+    case DataType::UInt8: return "uint8";
+    case DataType::Int8: return "int8";
+    case DataType::UInt16: return "uint16";
+    case DataType::Int16: return "int16";
+    case DataType::Int32: return "int32";
+    case DataType::Int64: return "int64";
+    case DataType::String: return "string";
+    case DataType::Bool: return "bool";
+    case DataType::Float16: return "float16";
+    case DataType::Double: return "double";
+    case DataType::UInt32: return "uint32";
+    case DataType::UInt64: return "uint64";
+    case DataType::Complex64: return "complex64";
+    case DataType::Complex128: return "complex128";
+    case DataType::BFloat16: return "bfloat16";
+    default: return "type " + std::to_string(static_cast<int>(type));
+  }
+}
+
+bool isFloatingPoint(DataType type) {
+  return type == DataType::Float || type == DataType::Double || type == DataType::Float16 ||
+         type == DataType::BFloat16;
+}
+
+void throwViewTypeMismatch(const Tensor& tensor, DataType requested) {
+  throw std::invalid_argument("tensor '" + tensor.name() + "' holds " + dataTypeName(tensor.dataType()) +
+                              ", not " + dataTypeName(requested));
+}
+
+Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir)
+    : proto_(std::move(proto)), baseDir_(std::move(baseDir)) {}
+
+int64_t Tensor::elementCount() const {
+  int64_t count = 1;
+  for (int64_t dim : proto_->dims()) count *= dim;
+  return count;
+}
+
+int64_t Tensor::byteSize() const { return elementCount() * static_cast<int64_t>(elementSize(dataType())); }
+
+bool Tensor::isExternal() const { return proto_->data_location() == onnx::TensorProto::EXTERNAL; }
+
+ExternalDataRef Tensor::externalData() const {
+  ExternalDataRef ref;
+  for (const auto& entry : proto_->external_data()) {
+    if (entry.key() == "location") ref.location = entry.value();
+    else if (entry.key() == "offset") ref.offset = std::stoll(entry.value());
+    else if (entry.key() == "length") ref.length = std::stoll(entry.value());
+  }
+  return ref;
+}
+
+namespace {
+
+// Elements stored in a typed repeated field, counted in that field's units.
+int64_t typedFieldCount(const onnx::TensorProto& proto, DataType type) {
+  switch (type) {
+    case DataType::Float:
+    case DataType::Complex64: return proto.float_data_size();
+    case DataType::Double:
+    case DataType::Complex128: return proto.double_data_size();
+    case DataType::Int64: return proto.int64_data_size();
+    case DataType::UInt32:
+    case DataType::UInt64: return proto.uint64_data_size();
+    case DataType::String: return proto.string_data_size();
+    default: return proto.int32_data_size();
+  }
+}
+
+int64_t typedFieldUnitsPerElement(DataType type) {
+  return (type == DataType::Complex64 || type == DataType::Complex128) ? 2 : 1;
+}
+
+bool isNumberLike(const std::string& text) {
+  if (text.empty()) return false;
+  for (char c : text)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+// True when `inner` lies inside `folder` (both canonical).
+bool isInsideFolder(const fs::path& inner, const fs::path& folder) {
+  auto folderIt = folder.begin();
+  auto innerIt = inner.begin();
+  for (; folderIt != folder.end(); ++folderIt, ++innerIt) {
+    if (innerIt == inner.end() || *innerIt != *folderIt) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void Tensor::validate(const std::string& file) const {
+  const std::string what = "tensor '" + name() + "'";
+  for (int64_t dim : proto_->dims())
+    if (dim < 0) throw Error(file, what + " has a negative dimension " + std::to_string(dim));
+  const DataType type = dataType();
+  if (type == DataType::Undefined) throw Error(file, what + " has no data type");
+  const int64_t count = elementCount();
+  if (isExternal()) {
+    ExternalDataRef ref;
+    for (const auto& entry : proto_->external_data()) {
+      if ((entry.key() == "offset" || entry.key() == "length") && !isNumberLike(entry.value()))
+        throw Error(file, what + " has external data " + entry.key() + " '" + entry.value() +
+                              "' that is not a number");
+    }
+    ref = externalData();
+    if (ref.location.empty()) throw Error(file, what + " is stored externally but names no location");
+    const fs::path location(ref.location);
+    if (location.is_absolute())
+      throw Error(file, what + " has external data at an absolute path '" + ref.location +
+                            "'; only paths inside the model's folder are allowed");
+    for (const auto& part : location)
+      if (part == "..")
+        throw Error(file, what + " has external data path '" + ref.location + "' that leaves the model's folder");
+    std::error_code ec;
+    const fs::path folder = fs::weakly_canonical(fs::path(baseDir_.empty() ? "." : baseDir_), ec);
+    const fs::path dataPath = fs::path(baseDir_.empty() ? "." : baseDir_) / location;
+    if (!fs::exists(dataPath, ec))
+      throw Error(file, what + " has external data file '" + ref.location + "' that does not exist");
+    const fs::path resolved = fs::canonical(dataPath, ec);
+    if (ec || !isInsideFolder(resolved, folder))
+      throw Error(file, what + " has external data file '" + ref.location +
+                            "' that resolves outside the model's folder");
+    if (!fs::is_regular_file(resolved, ec))
+      throw Error(file, what + " has external data '" + ref.location + "' that is not a regular file");
+    const auto fileSize = static_cast<int64_t>(fs::file_size(resolved, ec));
+    const int64_t expected = byteSize();
+    const int64_t available = fileSize - ref.offset;
+    const int64_t length = ref.length >= 0 ? ref.length : available;
+    if (ref.offset < 0 || ref.offset > fileSize || length > available)
+      throw Error(file, what + " reads bytes " + std::to_string(ref.offset) + ".." +
+                            std::to_string(ref.offset + length) + " of '" + ref.location + "', which has only " +
+                            std::to_string(fileSize) + " bytes");
+    if (type != DataType::String && length != expected)
+      throw Error(file, what + " has " + std::to_string(length) + " bytes of external data but its dims and type (" +
+                            dataTypeName(type) + ") need " + std::to_string(expected));
+    return;
+  }
+  if (proto_->has_raw_data()) {
+    if (type == DataType::String) throw Error(file, what + " is a string tensor with raw_data");
+    const auto have = static_cast<int64_t>(proto_->raw_data().size());
+    if (have != byteSize())
+      throw Error(file, what + " has " + std::to_string(have) + " bytes of raw_data but its dims and type (" +
+                            dataTypeName(type) + ") need " + std::to_string(byteSize()));
+    return;
+  }
+  const int64_t have = typedFieldCount(*proto_, type);
+  const int64_t need = count * typedFieldUnitsPerElement(type);
+  if (have != need)
+    throw Error(file, what + " holds " + std::to_string(have) + " values but its dims need " + std::to_string(need));
+}
+
+std::string_view Tensor::bytes() const {
+  const DataType type = dataType();
+  if (type == DataType::String) throw std::invalid_argument("tensor '" + name() + "' holds strings, not numbers");
+  if (!isExternal()) {
+    if (proto_->has_raw_data()) return proto_->raw_data();
+    // Typed fields whose in-memory layout is already the packed element layout: read in place.
+    const auto asView = [](const auto& field) {
+      return std::string_view(reinterpret_cast<const char*>(field.data()), field.size() * sizeof(field.Get(0)));
+    };
+    switch (type) {
+      case DataType::Float:
+      case DataType::Complex64:
+        if (proto_->float_data_size() > 0) return asView(proto_->float_data());
+        return {};
+      case DataType::Double:
+      case DataType::Complex128:
+        if (proto_->double_data_size() > 0) return asView(proto_->double_data());
+        return {};
+      case DataType::Int64:
+        if (proto_->int64_data_size() > 0) return asView(proto_->int64_data());
+        return {};
+      case DataType::Int32:
+        if (proto_->int32_data_size() > 0) return asView(proto_->int32_data());
+        return {};
+      case DataType::UInt64:
+        if (proto_->uint64_data_size() > 0) return asView(proto_->uint64_data());
+        return {};
+      default: break;
+    }
+  }
+  if (packedBytesReady_) return packedBytes_;
+  const int64_t count = elementCount();
+  const std::size_t size = elementSize(type);
+  if (isExternal()) {
+    const ExternalDataRef ref = externalData();
+    const fs::path path = fs::path(baseDir_.empty() ? "." : baseDir_) / ref.location;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error(path.string(), "cannot open external data of tensor '" + name() + "'");
+    packedBytes_.resize(static_cast<std::size_t>(count) * size);
+    in.seekg(ref.offset);
+    in.read(packedBytes_.data(), static_cast<std::streamsize>(packedBytes_.size()));
+    if (in.gcount() != static_cast<std::streamsize>(packedBytes_.size()))
+      throw Error(path.string(), "external data of tensor '" + name() + "' is shorter than its dims need");
+  } else {
+    // Narrow types kept one per int32 (int8/16, uint8/16, bool, float16/bfloat16 bit patterns), uint32 in
+    // uint64_data: pack them.
+    packedBytes_.resize(static_cast<std::size_t>(count) * size);
+    for (int64_t i = 0; i < count; ++i) {
+      uint64_t bits = type == DataType::UInt32 ? proto_->uint64_data(static_cast<int>(i))
+                                               : static_cast<uint64_t>(proto_->int32_data(static_cast<int>(i)));
+      std::memcpy(packedBytes_.data() + i * size, &bits, size);  // little-endian host
+    }
+  }
+  packedBytesReady_ = true;
+  return packedBytes_;
+}
+
+void Tensor::releaseCachedBytes() const {
+  std::string().swap(packedBytes_);
+  packedBytesReady_ = false;
+}
+
+namespace {
+template <typename T, typename Out>
+void convertAll(std::string_view bytes, int64_t count, std::vector<Out>& out) {
+  TensorView<T> view(bytes, count);
+  out.resize(static_cast<std::size_t>(count));
+  for (int64_t i = 0; i < count; ++i) out[static_cast<std::size_t>(i)] = static_cast<Out>(view[i]);
+}
+
+template <typename Out>
+std::vector<Out> convertTensor(const Tensor& tensor) {
+  std::vector<Out> out;
+  const int64_t count = tensor.elementCount();
+  const std::string_view bytes = tensor.bytes();
+  switch (tensor.dataType()) {
+    case DataType::Float: convertAll<float>(bytes, count, out); break;
+    case DataType::Double: convertAll<double>(bytes, count, out); break;
+    case DataType::Float16: {
+      TensorView<Eigen::half> view(bytes, count);
+      out.resize(static_cast<std::size_t>(count));
+      for (int64_t i = 0; i < count; ++i) out[i] = static_cast<Out>(static_cast<float>(view[i]));
+      break;
+    }
+    case DataType::BFloat16: {
+      TensorView<Eigen::bfloat16> view(bytes, count);
+      out.resize(static_cast<std::size_t>(count));
+      for (int64_t i = 0; i < count; ++i) out[i] = static_cast<Out>(static_cast<float>(view[i]));
+      break;
+    }
+    case DataType::Int64: convertAll<int64_t>(bytes, count, out); break;
+    case DataType::Int32: convertAll<int32_t>(bytes, count, out); break;
+    case DataType::Int16: convertAll<int16_t>(bytes, count, out); break;
+    case DataType::Int8: convertAll<int8_t>(bytes, count, out); break;
+    case DataType::UInt8: convertAll<uint8_t>(bytes, count, out); break;
+    case DataType::UInt16: convertAll<uint16_t>(bytes, count, out); break;
+    case DataType::UInt32: convertAll<uint32_t>(bytes, count, out); break;
+    case DataType::UInt64: convertAll<uint64_t>(bytes, count, out); break;
+    case DataType::Bool: convertAll<uint8_t>(bytes, count, out); break;
+    default:
+      throw std::invalid_argument("tensor '" + tensor.name() + "' of type " + dataTypeName(tensor.dataType()) +
+                                  " cannot be read as numbers");
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<double> Tensor::toDoubles() const { return convertTensor<double>(*this); }
+std::vector<int64_t> Tensor::toInt64s() const { return convertTensor<int64_t>(*this); }
+
+Tensor Tensor::fromDoubles(std::string name, DataType type, std::vector<int64_t> dims,
+                           const std::vector<double>& values) {
+  auto proto = std::make_unique<onnx::TensorProto>();
+  proto->set_name(std::move(name));
+  proto->set_data_type(static_cast<int32_t>(type));
+  for (int64_t dim : dims) proto->add_dims(dim);
+  std::string& raw = *proto->mutable_raw_data();
+  const std::size_t size = elementSize(type);
+  raw.resize(values.size() * size);
+  char* out = raw.data();
+  // double -> float -> half/bfloat16 rounds like one direct rounding: float keeps 24 bits, at least 2p+2
+  // for p = 11 (half) and p = 8 (bfloat16), so the intermediate step cannot cause a double rounding.
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    switch (type) {
+      case DataType::Float: {
+        float v = static_cast<float>(values[i]);
+        std::memcpy(out + i * size, &v, size);
+        break;
+      }
+      case DataType::Double: std::memcpy(out + i * size, &values[i], size); break;
+      case DataType::Float16: {
+        Eigen::half v(static_cast<float>(values[i]));
+        std::memcpy(out + i * size, &v, size);
+        break;
+      }
+      case DataType::BFloat16: {
+        Eigen::bfloat16 v(static_cast<float>(values[i]));
+        std::memcpy(out + i * size, &v, size);
+        break;
+      }
+      default:
+        throw std::invalid_argument("fromDoubles: " + dataTypeName(type) + " is not a floating-point type");
+    }
+  }
+  return Tensor(std::move(proto));
+}
+
+Tensor Tensor::fromInt64s(std::string name, std::vector<int64_t> dims, const std::vector<int64_t>& values) {
+  auto proto = std::make_unique<onnx::TensorProto>();
+  proto->set_name(std::move(name));
+  proto->set_data_type(static_cast<int32_t>(DataType::Int64));
+  for (int64_t dim : dims) proto->add_dims(dim);
+  proto->mutable_raw_data()->assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int64_t));
+  return Tensor(std::move(proto));
+}
+
+}  // namespace bnfold

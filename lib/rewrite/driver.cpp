@@ -1,0 +1,167 @@
+#include "bnfold/rewrite/driver.h"
+
+#include <algorithm>
+#include <deque>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "bnfold/rewrite/rewriter.h"
+
+namespace bnfold {
+
+const Rule* findRule(const std::string& name) {
+  for (const auto& rule : builtinRules())
+    if (name == rule->name()) return rule.get();
+  return nullptr;
+}
+
+std::vector<std::string> parseRuleSelection(const std::string& selection) {
+  std::vector<std::string> tokens;
+  std::stringstream stream(selection);
+  for (std::string token; std::getline(stream, token, ',');) {
+    token.erase(0, token.find_first_not_of(" \t"));
+    token.erase(token.find_last_not_of(" \t") + 1);
+    if (!token.empty()) tokens.push_back(token);
+  }
+  std::unordered_set<std::string> chosen;
+  auto addDefaults = [&] {
+    for (const auto& rule : builtinRules())
+      if (rule->enabledByDefault()) chosen.insert(rule->name());
+  };
+  auto requireKnown = [](const std::string& name) {
+    if (findRule(name)) return;
+    std::string known;
+    for (const auto& rule : builtinRules()) known += (known.empty() ? "" : ", ") + std::string(rule->name());
+    throw std::invalid_argument("unknown rule '" + name + "' (known rules: " + (known.empty() ? "none" : known) + ")");
+  };
+  // A selection that starts with a change (+x / -x) changes the defaults.
+  if (tokens.empty() || tokens.front()[0] == '+' || tokens.front()[0] == '-') addDefaults();
+  for (const std::string& token : tokens) {
+    if (token == "none") {
+      chosen.clear();
+    } else if (token == "default") {
+      addDefaults();
+    } else if (token == "all") {
+      for (const auto& rule : builtinRules()) chosen.insert(rule->name());
+    } else if (token[0] == '-') {
+      requireKnown(token.substr(1));
+      chosen.erase(token.substr(1));
+    } else {
+      const std::string name = token[0] == '+' ? token.substr(1) : token;
+      requireKnown(name);
+      chosen.insert(name);
+    }
+  }
+  std::vector<std::string> ordered;
+  for (const auto& rule : builtinRules())
+    if (chosen.count(rule->name())) ordered.push_back(rule->name());
+  return ordered;
+}
+
+namespace {
+
+struct Failure {
+  const Rule* rule;
+  MatchFailure failure;
+};
+
+void recordSkippedBatchNorms(Model& model, const RuleContext& context,
+                             const std::unordered_map<const Node*, std::vector<Failure>>& failures, Report& report) {
+  for (Graph* graph : model.allGraphs()) {
+    for (const auto& nodePtr : graph->nodes()) {
+      const Node& node = *nodePtr;
+      if (!node.isOnnxOp("BatchNormalization")) continue;
+      nlohmann::json entry = {{"node", node.name()}, {"op", node.opType()}, {"graph", graph->name()}};
+      auto it = failures.find(&node);
+      if (context.isKept(node)) {
+        entry["reason"] = "kept-by-user";
+        entry["message"] = "kept by --keep or --keep-op";
+      } else if (it == failures.end() || it->second.empty()) {
+        entry["reason"] = "no-rule-enabled";
+        entry["message"] = "no enabled rule applies to BatchNormalization";
+      } else {
+        entry["reason"] = it->second.front().failure.code;
+        entry["message"] = it->second.front().failure.message;
+        nlohmann::json details = nlohmann::json::array();
+        for (const Failure& f : it->second)
+          details.push_back({{"rule", f.rule->name()}, {"reason", f.failure.code}, {"message", f.failure.message}});
+        entry["details"] = std::move(details);
+      }
+      report.add("skipped", std::move(entry));
+    }
+  }
+}
+
+}  // namespace
+
+void runRules(Model& model, const DriverOptions& options, Report& report) {
+  report.setOpset(model.opsetVersion(""));
+  report.setRules(options.rules);
+  std::unordered_map<std::string, std::vector<const Rule*>> rulesByOp;
+  for (const auto& rule : builtinRules()) {
+    if (std::find(options.rules.begin(), options.rules.end(), rule->name()) == options.rules.end()) continue;
+    for (const std::string& op : rule->rootOps()) rulesByOp[op].push_back(rule.get());
+  }
+  for (const std::string& name : options.rules)
+    if (!findRule(name)) throw std::invalid_argument("unknown rule '" + name + "'");
+
+  const RuleContext context(model, options.ruleOptions);
+  const int64_t opset = model.opsetVersion("");
+  std::unordered_map<const Node*, std::vector<Failure>> failures;
+  {
+    Rewriter rewriter(model, report);
+    std::deque<Node*> worklist;
+    std::unordered_set<Node*> queued;
+    auto enqueue = [&](Node* node) {
+      if (!node->isErased() && queued.insert(node).second) worklist.push_back(node);
+    };
+    for (Graph* graph : model.allGraphs())
+      for (const auto& node : graph->nodes()) enqueue(node.get());
+
+    std::size_t rewrites = 0;
+    while (!worklist.empty()) {
+      Node* node = worklist.front();
+      worklist.pop_front();
+      queued.erase(node);
+      if (node->isErased() || !(node->domain().empty() || node->domain() == "ai.onnx")) continue;
+      auto bucket = rulesByOp.find(node->opType());
+      if (bucket == rulesByOp.end() || context.isKept(*node)) continue;
+      auto& nodeFailures = failures[node];
+      nodeFailures.clear();
+      for (const Rule* rule : bucket->second) {
+        if (opset < rule->minOpset() || opset > rule->maxOpset()) {
+          nodeFailures.push_back({rule, {"unsupported-opset", "rule " + std::string(rule->name()) +
+                                                                  " does not handle opset " + std::to_string(opset)}});
+          continue;
+        }
+        MatchResult result = rule->match(*node, context);
+        if (!result.matched()) {
+          nodeFailures.push_back({rule, result.failure()});
+          continue;
+        }
+        if (++rewrites > options.maxRewrites)
+          throw std::runtime_error("rules did not reach a fixed point after " + std::to_string(options.maxRewrites) +
+                                   " rewrites");
+        rewriter.beginRule(rule);
+        rule->rewrite(result.match(), rewriter);
+        rewriter.beginRule(nullptr);
+        nodeFailures.clear();
+        // Look again at what changed and at whatever reads it.
+        for (Node* touched : rewriter.takeTouched()) {
+          if (touched->isErased()) continue;
+          enqueue(touched);
+          for (Value* output : touched->outputs())
+            if (output)
+              for (const Use& use : output->uses()) enqueue(use.node);
+        }
+        break;
+      }
+    }
+    rewriter.finish();
+  }
+  recordSkippedBatchNorms(model, context, failures, report);
+}
+
+}  // namespace bnfold

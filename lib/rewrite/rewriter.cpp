@@ -1,0 +1,243 @@
+#include "bnfold/rewrite/rewriter.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "bnfold/rewrite/rule.h"
+
+namespace bnfold {
+
+Rewriter::Rewriter(Model& model, Report& report) : model_(model), report_(report) {}
+Rewriter::~Rewriter() { finish(); }
+
+void Rewriter::touch(Node* node) {
+  if (node && !node->erased_) touched_.push_back(node);
+}
+
+std::vector<Node*> Rewriter::takeTouched() {
+  std::vector<Node*> out;
+  out.swap(touched_);
+  return out;
+}
+
+Value* Rewriter::addInitializer(const Graph& constGraph, Tensor tensor, const std::string& nameHint) {
+  auto& graph = const_cast<Graph&>(constGraph);
+  const std::string name = model_.uniqueValueName(nameHint);
+  tensor.setName(name);
+  Value* value = graph.newValue(name);
+  value->initializer_ = std::make_unique<Tensor>(std::move(tensor));
+  graph.initializers_.push_back(value);
+  return value;
+}
+
+Node* Rewriter::createNode(const Node* anchor, const std::string& opType, const std::vector<const Value*>& inputs,
+                           const std::vector<std::string>& outputNameHints, const std::string& nameHint,
+                           std::vector<onnx::AttributeProto> attributes) {
+  Graph& graph = *anchor->graph_;
+  auto owned = std::make_unique<Node>();
+  Node* node = owned.get();
+  node->graph_ = &graph;
+  node->proto_.set_op_type(opType);
+  node->proto_.set_name(model_.uniqueNodeName(nameHint));
+  for (auto& attribute : attributes) *node->proto_.add_attribute() = std::move(attribute);
+  for (std::size_t slot = 0; slot < inputs.size(); ++slot) {
+    auto* value = const_cast<Value*>(inputs[slot]);
+    node->inputs_.push_back(value);
+    if (value) value->uses_.push_back({node, static_cast<int>(slot)});
+  }
+  for (std::size_t i = 0; i < outputNameHints.size(); ++i) {
+    Value* value = graph.newValue(model_.uniqueValueName(outputNameHints[i]));
+    value->producer_ = node;
+    value->producerOutput_ = static_cast<int>(i);
+    node->outputs_.push_back(value);
+  }
+  node->position_ = graph.nodes_.insert(anchor->position_, std::move(owned));
+  touch(node);
+  return node;
+}
+
+void Rewriter::setInput(const Node* constNode, int slot, const Value* constValue) {
+  auto* node = const_cast<Node*>(constNode);
+  auto* value = const_cast<Value*>(constValue);
+  const auto index = static_cast<std::size_t>(slot);
+  if (node->inputs_.size() <= index) node->inputs_.resize(index + 1, nullptr);
+  Value* old = node->inputs_[index];
+  if (old == value) return;
+  node->inputs_[index] = value;
+  if (value) value->uses_.push_back({node, slot});
+  // Trailing omitted inputs are dropped so the node stays in canonical form.
+  while (!node->inputs_.empty() && node->inputs_.back() == nullptr) node->inputs_.pop_back();
+  touch(node);
+  if (old) removeUse(old, node, slot);
+}
+
+void Rewriter::setAttribute(const Node* constNode, onnx::AttributeProto attribute) {
+  auto* node = const_cast<Node*>(constNode);
+  for (auto& existing : *node->proto_.mutable_attribute()) {
+    if (existing.name() == attribute.name()) {
+      existing = std::move(attribute);
+      touch(node);
+      return;
+    }
+  }
+  *node->proto_.add_attribute() = std::move(attribute);
+  touch(node);
+}
+
+void Rewriter::removeAttribute(const Node* constNode, const std::string& name) {
+  auto* node = const_cast<Node*>(constNode);
+  auto* attrs = node->proto_.mutable_attribute();
+  for (int i = 0; i < attrs->size(); ++i) {
+    if (attrs->Get(i).name() != name) continue;
+    for (const auto& slot : node->subgraphs_)
+      if (slot.attributeIndex == i) throw std::logic_error("removeAttribute: '" + name + "' holds a subgraph");
+    attrs->erase(attrs->begin() + i);
+    // Later attributes moved down by one.
+    for (auto& slot : node->subgraphs_)
+      if (slot.attributeIndex > i) --slot.attributeIndex;
+    for (auto it = node->tensorAttributes_.begin(); it != node->tensorAttributes_.end();) {
+      if (it->first == i) {
+        it = node->tensorAttributes_.erase(it);
+        continue;
+      }
+      if (it->first > i) --it->first;
+      ++it;
+    }
+    touch(node);
+    return;
+  }
+}
+
+void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* constTo) {
+  auto* from = const_cast<Value*>(constFrom);
+  auto* to = const_cast<Value*>(constTo);
+  if (to->graphOutput_) throw std::logic_error("replaceValueKeepingName: '" + to->name() + "' is a graph output");
+  Node* oldProducer = from->producer_;
+  Graph& graph = *to->graph_;
+  if (from->graph_ != to->graph_) throw std::logic_error("replaceValueKeepingName: values of different graphs");
+
+  // Detach the readers of `to` that belong to the node going away (its only readers, by precondition).
+  if (oldProducer) {
+    for (std::size_t slot = 0; slot < oldProducer->inputs_.size(); ++slot) {
+      if (oldProducer->inputs_[slot] != to) continue;
+      oldProducer->inputs_[slot] = nullptr;
+      auto& uses = to->uses_;
+      uses.erase(std::remove(uses.begin(), uses.end(), Use{oldProducer, static_cast<int>(slot)}), uses.end());
+    }
+  }
+  // Readers of `from` now read `to`.
+  for (const Use& use : from->uses_) {
+    use.node->inputs_[static_cast<std::size_t>(use.slot)] = to;
+    to->uses_.push_back(use);
+    touch(use.node);
+  }
+  from->uses_.clear();
+  // `to` takes `from`'s name; graph outputs and value_info follow the value.
+  const std::string oldName = to->name_;
+  graph.valuesByName_.erase(oldName);
+  graph.valueInfo_.erase(std::remove_if(graph.valueInfo_.begin(), graph.valueInfo_.end(),
+                                        [&](const ValueInfoEntry& e) { return e.value == to; }),
+                         graph.valueInfo_.end());
+  for (auto& entry : graph.valueInfo_)
+    if (entry.value == from) entry.value = to;
+  for (auto& entry : graph.outputs_)
+    if (entry.value == from) entry.value = to;
+  to->graphOutput_ = from->graphOutput_;
+  from->graphOutput_ = false;
+  to->name_ = from->name_;
+  graph.valuesByName_[to->name_] = to;
+  // `from` stays owned by the graph until finish(); it must not be found by name any more.
+  from->name_.clear();
+  dirtyGraphs_.push_back(&graph);
+  if (to->producer_) touch(to->producer_);
+  if (oldProducer) {
+    // The remaining outputs of the old producer must be unread for it to go.
+    bool stillRead = false;
+    for (Value* output : oldProducer->outputs_)
+      if (output && output != from && (output->hasUses() || output->graphOutput_)) stillRead = true;
+    if (!stillRead) {
+      eraseNode(oldProducer);
+    } else {
+      // The old producer stays for its other outputs; this one becomes an omitted output.
+      oldProducer->outputs_[static_cast<std::size_t>(from->producerOutput_)] = nullptr;
+      retireValue(from);
+      touch(oldProducer);
+    }
+  }
+}
+
+void Rewriter::eraseNode(const Node* constNode) {
+  auto* node = const_cast<Node*>(constNode);
+  if (node->erased_) return;
+  for (Value* output : node->outputs_) {
+    if (!output) continue;
+    if (output->hasUses() || output->graphOutput_)
+      throw std::logic_error("eraseNode: output '" + output->name() + "' of '" + node->name() + "' is still read");
+  }
+  Graph& graph = *node->graph_;
+  node->erased_ = true;
+  auto owned = std::move(*node->position_);
+  graph.nodes_.erase(node->position_);
+  for (Value* output : node->outputs_)
+    if (output) retireValue(output);
+  for (std::size_t slot = 0; slot < node->inputs_.size(); ++slot) {
+    Value* input = node->inputs_[slot];
+    if (!input) continue;
+    node->inputs_[slot] = nullptr;
+    removeUse(input, node, static_cast<int>(slot));
+  }
+  erasedNodes_.push_back(std::move(owned));
+}
+
+void Rewriter::removeUse(Value* value, Node* node, int slot) {
+  auto& uses = value->uses_;
+  auto it = std::find(uses.begin(), uses.end(), Use{node, slot});
+  if (it != uses.end()) uses.erase(it);
+  dropIfDeadConstant(value);
+}
+
+// A constant whose last reader a rewrite removed goes too (nothing else is removed). Graph inputs, graph
+// outputs and names read by training_info stay.
+void Rewriter::dropIfDeadConstant(Value* value) {
+  if (value->hasUses() || value->graphOutput_ || value->graphInput_ || model_.isPinned(value->name_)) return;
+  if (value->initializer_) {
+    retireValue(value);
+    return;
+  }
+  Node* producer = value->producer_;
+  if (producer && producer->isOnnxOp("Constant") && !producer->erased_) eraseNode(producer);
+}
+
+void Rewriter::retireValue(Value* value) {
+  Graph& graph = *value->graph_;
+  auto it = graph.valuesByName_.find(value->name_);
+  if (it != graph.valuesByName_.end() && it->second == value) graph.valuesByName_.erase(it);
+  graph.valueInfo_.erase(std::remove_if(graph.valueInfo_.begin(), graph.valueInfo_.end(),
+                                        [&](const ValueInfoEntry& e) { return e.value == value; }),
+                         graph.valueInfo_.end());
+  value->producer_ = nullptr;
+  value->name_.clear();
+  if (std::find(dirtyGraphs_.begin(), dirtyGraphs_.end(), &graph) == dirtyGraphs_.end()) dirtyGraphs_.push_back(&graph);
+}
+
+void Rewriter::record(const std::string& section, nlohmann::json entry) {
+  if (rule_) entry["rule"] = rule_->name();
+  report_.add(section, std::move(entry));
+}
+
+void Rewriter::finish() {
+  // Retired values have an empty name; initializers and values are compacted in one pass per graph.
+  for (Graph* graph : dirtyGraphs_) {
+    auto& inits = graph->initializers_;
+    inits.erase(std::remove_if(inits.begin(), inits.end(), [](const Value* v) { return v->name_.empty(); }),
+                inits.end());
+    auto& values = graph->values_;
+    values.erase(std::remove_if(values.begin(), values.end(),
+                                [](const std::unique_ptr<Value>& v) { return v->name_.empty() && !v->hasUses(); }),
+                 values.end());
+  }
+  dirtyGraphs_.clear();
+  erasedNodes_.clear();
+}
+
+}  // namespace bnfold

@@ -1,0 +1,48 @@
+#include "bnfold/rewrite/rule.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+
+namespace bnfold {
+
+bool globMatch(const std::string& pattern, const std::string& name) {
+  return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
+
+bool RuleContext::isKept(const Node& node) const {
+  const auto& ops = options_.keepOps;
+  if (std::find(ops.begin(), ops.end(), node.opType()) != ops.end()) return true;
+  for (const std::string& pattern : options_.keepNodes)
+    if (globMatch(pattern, node.name())) return true;
+  return false;
+}
+
+const Tensor* RuleContext::constantOf(const Value* value, MatchFailure* whyNot) const {
+  auto fail = [&](std::string code, std::string message) -> const Tensor* {
+    if (whyNot) *whyNot = {std::move(code), std::move(message)};
+    return nullptr;
+  };
+  if (!value) return fail("params-not-constant", "an input is omitted");
+  if (value->isSparseInitializer())
+    return fail("params-not-constant", "'" + value->name() + "' is a sparse initializer");
+  if (const Tensor* tensor = value->initializer()) {
+    // From IR version 4 on, an initializer that is also a graph input is only a default a caller may
+    // override at run time; in IR version 3 every initializer had to be listed as an input.
+    if (value->isGraphInput() && model_.irVersion() >= 4 && !options_.inputDefaultsAreConstant)
+      return fail("params-overridable",
+                  "'" + value->name() + "' is an initializer that is also a graph input, so a caller may override "
+                  "it at run time (IR version " + std::to_string(model_.irVersion()) +
+                      "); pass --input-defaults-are-constant to fold it anyway");
+    return tensor;
+  }
+  if (value->isGraphInput())
+    return fail("params-not-constant", "'" + value->name() + "' is a graph input fed at run time");
+  if (const Tensor* tensor = value->constantTensor()) return tensor;
+  if (const Node* producer = value->producer())
+    return fail("params-not-constant", "'" + value->name() + "' is computed at run time by node '" +
+                                           producer->name() + "' (" + producer->opType() + ")");
+  return fail("params-not-constant", "'" + value->name() + "' is not a constant");
+}
+
+}  // namespace bnfold
