@@ -297,6 +297,20 @@ std::vector<Out> convertTensor(const Tensor& tensor) {
 std::vector<double> Tensor::toDoubles() const { return convertTensor<double>(*this); }
 std::vector<int64_t> Tensor::toInt64s() const { return convertTensor<int64_t>(*this); }
 
+namespace {
+// The float nearest `value` rounding toward zero, with its last bit set when that was inexact.
+float roundToOddFloat(double value) {
+  float rounded = static_cast<float>(value);
+  if (static_cast<double>(rounded) == value || !std::isfinite(rounded)) return rounded;
+  if (std::fabs(static_cast<double>(rounded)) > std::fabs(value)) rounded = std::nextafter(rounded, 0.0f);
+  uint32_t bits;
+  std::memcpy(&bits, &rounded, sizeof(bits));
+  bits |= 1u;
+  std::memcpy(&rounded, &bits, sizeof(bits));
+  return rounded;
+}
+}  // namespace
+
 Tensor Tensor::fromDoubles(std::string name, DataType type, std::vector<int64_t> dims,
                            const std::vector<double>& values) {
   auto proto = std::make_unique<onnx::TensorProto>();
@@ -307,8 +321,8 @@ Tensor Tensor::fromDoubles(std::string name, DataType type, std::vector<int64_t>
   const std::size_t size = elementSize(type);
   raw.resize(values.size() * size);
   char* out = raw.data();
-  // double -> float -> half/bfloat16 rounds like one direct rounding: float keeps 24 bits, at least 2p+2
-  // for p = 11 (half) and p = 8 (bfloat16), so the intermediate step cannot cause a double rounding.
+  // Half and bfloat16 go through float rounded to odd: with at least two extra bits, rounding to odd and
+  // then to nearest equals one direct rounding to nearest (plain double -> float -> half can double-round).
   for (std::size_t i = 0; i < values.size(); ++i) {
     switch (type) {
       case DataType::Float: {
@@ -318,12 +332,12 @@ Tensor Tensor::fromDoubles(std::string name, DataType type, std::vector<int64_t>
       }
       case DataType::Double: std::memcpy(out + i * size, &values[i], size); break;
       case DataType::Float16: {
-        Eigen::half v(static_cast<float>(values[i]));
+        Eigen::half v(roundToOddFloat(values[i]));
         std::memcpy(out + i * size, &v, size);
         break;
       }
       case DataType::BFloat16: {
-        Eigen::bfloat16 v(static_cast<float>(values[i]));
+        Eigen::bfloat16 v(roundToOddFloat(values[i]));
         std::memcpy(out + i * size, &v, size);
         break;
       }

@@ -1,0 +1,350 @@
+// Folding math on double vectors. Weights are viewed through Eigen maps as row-major matrices so that each
+// scaling is one vectorised row- or column-wise product; maps are Unaligned because the callers' buffers need not
+// be (and it costs nothing measurable here).
+#include "kernels/fold_math.h"
+
+#include <Eigen/Core>
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace bnfold::kernels {
+namespace {
+
+using RowMajorMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatrixView = Eigen::Map<RowMajorMatrix, Eigen::Unaligned>;
+using ConstVectorView = Eigen::Map<const Eigen::VectorXd, Eigen::Unaligned>;
+
+std::string formatDims(const Dims& dims) {
+  std::ostringstream out;
+  out << '[';
+  for (std::size_t i = 0; i < dims.size(); ++i) out << (i ? "," : "") << dims[i];
+  out << ']';
+  return out.str();
+}
+
+[[noreturn]] void fail(const char* function, const std::string& problem) {
+  throw std::invalid_argument(std::string(function) + ": " + problem);
+}
+
+/// Product of dims, or nullopt for a negative dim or an overflow of size_t.
+std::optional<std::size_t> elementCount(const Dims& dims) {
+  std::size_t count = 1;
+  for (std::int64_t d : dims) {
+    if (d < 0) return std::nullopt;
+    const auto extent = static_cast<std::size_t>(d);
+    if (extent != 0 && count > std::numeric_limits<std::size_t>::max() / extent) return std::nullopt;
+    count *= extent;
+  }
+  return count;
+}
+
+void requireSameLength(const char* function, std::size_t expected, std::size_t actual, const char* what) {
+  if (expected != actual) {
+    fail(function, std::string(what) + " has " + std::to_string(actual) + " entries, expected " +
+                       std::to_string(expected));
+  }
+}
+
+/// Checks that dims fit the layout and the data, and that the channel count matches scale.
+void requireScalable(const char* function, std::optional<std::int64_t> channels, const WeightLayout& layout,
+                     const std::vector<double>& weights, const Dims& dims, const std::vector<double>& scale) {
+  if (!channels) {
+    fail(function, "weight dims " + formatDims(dims) + " do not fit the layout (group " +
+                       std::to_string(layout.group) + ")");
+  }
+  const auto count = elementCount(dims);
+  if (!count || *count != weights.size()) {
+    fail(function, "weight dims " + formatDims(dims) + " do not match the " + std::to_string(weights.size()) +
+                       " weight values");
+  }
+  requireSameLength(function, static_cast<std::size_t>(*channels), scale.size(), "scale");
+}
+
+/// Scales row r of a [rows, rest] row-major view by scale[r].
+void scaleRows(std::vector<double>& weights, std::int64_t rows, const std::vector<double>& scale) {
+  if (rows == 0 || weights.empty()) return;
+  const auto rest = static_cast<Eigen::Index>(weights.size() / static_cast<std::size_t>(rows));
+  MatrixView matrix(weights.data(), rows, rest);
+  matrix.array().colwise() *= ConstVectorView(scale.data(), rows).array();
+}
+
+/// Scales column j of a [rows, columns] row-major view by scale[j].
+void scaleColumns(std::vector<double>& weights, std::int64_t columns, const std::vector<double>& scale) {
+  if (columns == 0 || weights.empty()) return;
+  const auto rows = static_cast<Eigen::Index>(weights.size() / static_cast<std::size_t>(columns));
+  MatrixView matrix(weights.data(), rows, columns);
+  matrix.array().rowwise() *= ConstVectorView(scale.data(), columns).array().transpose();
+}
+
+/// Weight `[A, B/group... , k...]` grouped on axis 0 with axis 1 indexing channels within the group: row r of
+/// axis 0 belongs to group r / (A/group), and its axis-1 index j is channel group*B + j. Scales that channel.
+/// This is both ConvTranspose's output axis and Conv's input axis.
+void scaleGroupedAxis1(std::vector<double>& weights, const Dims& dims, std::int64_t group,
+                       const std::vector<double>& scale) {
+  const std::int64_t rows = dims[0];
+  const std::int64_t rowsPerGroup = rows / group;
+  const std::int64_t channelsPerGroup = dims[1];
+  if (rows == 0 || channelsPerGroup == 0 || weights.empty()) return;
+  const auto kernelSize = static_cast<Eigen::Index>(weights.size() / static_cast<std::size_t>(rows * channelsPerGroup));
+  const Eigen::Index rowStride = channelsPerGroup * kernelSize;
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const std::int64_t firstChannel = (row / rowsPerGroup) * channelsPerGroup;
+    MatrixView block(weights.data() + row * rowStride, channelsPerGroup, kernelSize);
+    block.array().colwise() *= ConstVectorView(scale.data() + firstChannel, channelsPerGroup).array();
+  }
+}
+
+bool isConvLike(const WeightLayout& layout) {
+  return layout.kind == WeightKind::Conv || layout.kind == WeightKind::ConvTranspose;
+}
+
+/// Common dims checks; returns false when the dims cannot belong to the layout.
+bool dimsFitLayout(const WeightLayout& layout, const Dims& dims) {
+  if (!elementCount(dims)) return false;
+  if (isConvLike(layout)) {
+    // axis 0 is split into `group` equal blocks in both Conv (M) and ConvTranspose (C).
+    return dims.size() >= 3 && layout.group >= 1 && dims[0] % layout.group == 0;
+  }
+  return dims.size() == 2;
+}
+
+}  // namespace
+
+ChannelAffine batchNormAsAffine(const std::vector<double>& gamma, const std::vector<double>& beta,
+                                const std::vector<double>& mean, const std::vector<double>& var, double epsilon) {
+  const std::size_t channels = gamma.size();
+  requireSameLength("batchNormAsAffine", channels, beta.size(), "beta");
+  requireSameLength("batchNormAsAffine", channels, mean.size(), "mean");
+  requireSameLength("batchNormAsAffine", channels, var.size(), "var");
+  ChannelAffine affine;
+  affine.scale.resize(channels);
+  affine.shift.resize(channels);
+  for (std::size_t c = 0; c < channels; ++c) {
+    affine.scale[c] = gamma[c] / std::sqrt(var[c] + epsilon);
+    affine.shift[c] = beta[c] - mean[c] * affine.scale[c];
+  }
+  return affine;
+}
+
+std::optional<std::size_t> findNonPositiveVariance(const std::vector<double>& var, double epsilon) {
+  for (std::size_t c = 0; c < var.size(); ++c) {
+    const double denominator = var[c] + epsilon;
+    // Written so that NaN fails too.
+    if (!(denominator > 0.0 && std::isfinite(denominator))) return c;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::int64_t> outputChannelCount(const WeightLayout& layout, const Dims& dims) {
+  if (!dimsFitLayout(layout, dims)) return std::nullopt;
+  switch (layout.kind) {
+    case WeightKind::Conv: return dims[0];
+    case WeightKind::ConvTranspose: return dims[1] * layout.group;
+    case WeightKind::Gemm: return layout.transB ? dims[0] : dims[1];
+    case WeightKind::MatMul: return dims[1];
+  }
+  return std::nullopt;
+}
+
+std::optional<std::int64_t> inputChannelCount(const WeightLayout& layout, const Dims& dims) {
+  if (!dimsFitLayout(layout, dims)) return std::nullopt;
+  switch (layout.kind) {
+    case WeightKind::Conv: return dims[1] * layout.group;
+    case WeightKind::ConvTranspose: return dims[0];
+    case WeightKind::Gemm: return layout.transB ? dims[1] : dims[0];
+    case WeightKind::MatMul: return dims[0];
+  }
+  return std::nullopt;
+}
+
+void scaleOutputChannels(const WeightLayout& layout, std::vector<double>& weights, const Dims& dims,
+                         const std::vector<double>& scale) {
+  requireScalable("scaleOutputChannels", outputChannelCount(layout, dims), layout, weights, dims, scale);
+  switch (layout.kind) {
+    case WeightKind::Conv: scaleRows(weights, dims[0], scale); break;
+    case WeightKind::ConvTranspose: scaleGroupedAxis1(weights, dims, layout.group, scale); break;
+    case WeightKind::Gemm:
+      if (layout.transB) {
+        scaleRows(weights, dims[0], scale);
+      } else {
+        scaleColumns(weights, dims[1], scale);
+      }
+      break;
+    case WeightKind::MatMul: scaleColumns(weights, dims[1], scale); break;
+  }
+}
+
+void scaleInputChannels(const WeightLayout& layout, std::vector<double>& weights, const Dims& dims,
+                        const std::vector<double>& scale) {
+  requireScalable("scaleInputChannels", inputChannelCount(layout, dims), layout, weights, dims, scale);
+  switch (layout.kind) {
+    case WeightKind::Conv: scaleGroupedAxis1(weights, dims, layout.group, scale); break;
+    case WeightKind::ConvTranspose: scaleRows(weights, dims[0], scale); break;
+    case WeightKind::Gemm:
+      if (layout.transB) {
+        scaleColumns(weights, dims[1], scale);
+      } else {
+        scaleRows(weights, dims[0], scale);
+      }
+      break;
+    case WeightKind::MatMul: scaleRows(weights, dims[0], scale); break;
+  }
+}
+
+std::vector<double> foldBias(const ChannelAffine& affine) {
+  requireSameLength("foldBias", affine.scale.size(), affine.shift.size(), "shift");
+  return affine.shift;
+}
+
+std::vector<double> foldBias(const std::vector<double>& oldBias, const ChannelAffine& affine) {
+  requireSameLength("foldBias", affine.scale.size(), affine.shift.size(), "shift");
+  requireSameLength("foldBias", affine.scale.size(), oldBias.size(), "bias");
+  std::vector<double> bias(oldBias.size());
+  for (std::size_t c = 0; c < bias.size(); ++c) bias[c] = oldBias[c] * affine.scale[c] + affine.shift[c];
+  return bias;
+}
+
+bool isGemmBiasShape(const Dims& cDims, std::int64_t columns) {
+  if (cDims.size() > 2) return false;
+  for (std::int64_t d : cDims) {
+    if (d < 1) return false;
+  }
+  const std::int64_t cColumns = cDims.empty() ? 1 : cDims.back();
+  return cColumns == 1 || cColumns == columns;
+}
+
+GemmBiasFold foldGemmBias(const ChannelAffine& affine) {
+  return GemmBiasFold{foldBias(affine), Dims{static_cast<std::int64_t>(affine.shift.size())}, 1.0};
+}
+
+GemmBiasFold foldGemmBias(const std::vector<double>& c, const Dims& cDims, double beta,
+                          const ChannelAffine& affine) {
+  const char* const function = "foldGemmBias";
+  requireSameLength(function, affine.scale.size(), affine.shift.size(), "shift");
+  const auto columns = static_cast<std::int64_t>(affine.scale.size());
+  if (!isGemmBiasShape(cDims, columns)) {
+    fail(function, "C dims " + formatDims(cDims) + " do not broadcast to [M, " + std::to_string(columns) + "]");
+  }
+  const auto count = elementCount(cDims);
+  if (!count || *count != c.size()) {
+    fail(function, "C dims " + formatDims(cDims) + " do not match the " + std::to_string(c.size()) + " C values");
+  }
+  // beta == 0: C never contributed (the absent-C fold is exactly right).
+  if (beta == 0.0) return foldGemmBias(affine);
+
+  // Rows of C' are the rows of C (1 unless C is [M, 1] or [M, N]); columns always become N.
+  const std::int64_t rows = cDims.size() == 2 ? cDims[0] : 1;
+  const std::int64_t cColumns = cDims.empty() ? 1 : cDims.back();
+  GemmBiasFold folded;
+  folded.beta = 1.0;
+  folded.dims = cDims.size() == 2 ? Dims{rows, columns} : Dims{columns};
+  folded.values.resize(static_cast<std::size_t>(rows * columns));
+  for (std::int64_t m = 0; m < rows; ++m) {
+    for (std::int64_t n = 0; n < columns; ++n) {
+      const double old = c[static_cast<std::size_t>(m * cColumns + (cColumns == 1 ? 0 : n))];
+      folded.values[static_cast<std::size_t>(m * columns + n)] =
+          beta * old * affine.scale[static_cast<std::size_t>(n)] + affine.shift[static_cast<std::size_t>(n)];
+    }
+  }
+  return folded;
+}
+
+bool isPerChannelShape(std::int64_t outputRank, std::int64_t channelAxis, std::int64_t channels,
+                       const Dims& constDims) {
+  if (channelAxis < 0 || channelAxis >= outputRank) {
+    fail("isPerChannelShape", "channel axis " + std::to_string(channelAxis) + " is outside an output of rank " +
+                                  std::to_string(outputRank));
+  }
+  if (channels < 1) fail("isPerChannelShape", "channel count " + std::to_string(channels) + " is below 1");
+  const auto constRank = static_cast<std::int64_t>(constDims.size());
+  // A higher-rank constant would grow the output's rank: not a per-channel operation.
+  if (constRank > outputRank) return false;
+  const std::int64_t offset = outputRank - constRank;  // constant axis i lines up with output axis i + offset
+  for (std::int64_t i = 0; i < constRank; ++i) {
+    const std::int64_t d = constDims[static_cast<std::size_t>(i)];
+    if (d == 1) continue;
+    if (i + offset != channelAxis || d != channels) return false;
+  }
+  return true;
+}
+
+std::optional<std::vector<double>> perChannelValues(std::int64_t outputRank, std::int64_t channelAxis,
+                                                    std::int64_t channels, const Dims& constDims,
+                                                    const std::vector<double>& values) {
+  const auto count = elementCount(constDims);
+  if (!count || *count != values.size()) {
+    fail("perChannelValues", "constant dims " + formatDims(constDims) + " do not match its " +
+                                 std::to_string(values.size()) + " values");
+  }
+  if (!isPerChannelShape(outputRank, channelAxis, channels, constDims)) return std::nullopt;
+  if (values.size() == 1) return std::vector<double>(static_cast<std::size_t>(channels), values[0]);
+  return values;  // exactly `channels` values along the channel axis
+}
+
+BatchStatistics batchStatistics(const std::vector<double>& x, const Dims& dims) {
+  const char* const function = "batchStatistics";
+  if (dims.size() < 2) fail(function, "input dims " + formatDims(dims) + " have rank below 2");
+  const auto count = elementCount(dims);
+  if (!count || *count != x.size()) {
+    fail(function, "input dims " + formatDims(dims) + " do not match the " + std::to_string(x.size()) + " values");
+  }
+  const auto batch = static_cast<std::size_t>(dims[0]);
+  const auto channels = static_cast<std::size_t>(dims[1]);
+  if (channels == 0) return {};
+  if (batch == 0 || x.empty()) fail(function, "input dims " + formatDims(dims) + " give a channel no elements");
+  const std::size_t inner = x.size() / (batch * channels);
+  const auto perChannel = static_cast<double>(batch * inner);
+
+  // Two passes (mean, then squared deviations) avoid the cancellation of E[x^2] - E[x]^2.
+  BatchStatistics stats{std::vector<double>(channels, 0.0), std::vector<double>(channels, 0.0)};
+  for (std::size_t n = 0; n < batch; ++n) {
+    for (std::size_t c = 0; c < channels; ++c) {
+      stats.mean[c] += ConstVectorView(x.data() + (n * channels + c) * inner, static_cast<Eigen::Index>(inner)).sum();
+    }
+  }
+  for (double& m : stats.mean) m /= perChannel;
+  for (std::size_t n = 0; n < batch; ++n) {
+    for (std::size_t c = 0; c < channels; ++c) {
+      const ConstVectorView slice(x.data() + (n * channels + c) * inner, static_cast<Eigen::Index>(inner));
+      stats.variance[c] += (slice.array() - stats.mean[c]).square().sum();
+    }
+  }
+  for (double& v : stats.variance) v /= perChannel;
+  return stats;
+}
+
+std::vector<double> updateRunningStatistic(const std::vector<double>& running, const std::vector<double>& current,
+                                           double momentum) {
+  requireSameLength("updateRunningStatistic", running.size(), current.size(), "current statistic");
+  std::vector<double> updated(running.size());
+  for (std::size_t c = 0; c < updated.size(); ++c) {
+    updated[c] = running[c] * momentum + current[c] * (1.0 - momentum);
+  }
+  return updated;
+}
+
+std::vector<double> applyChannelAffine(const std::vector<double>& x, const Dims& dims, const ChannelAffine& affine) {
+  const char* const function = "applyChannelAffine";
+  if (dims.size() < 2) fail(function, "input dims " + formatDims(dims) + " have rank below 2");
+  const auto count = elementCount(dims);
+  if (!count || *count != x.size()) {
+    fail(function, "input dims " + formatDims(dims) + " do not match the " + std::to_string(x.size()) + " values");
+  }
+  const auto channels = static_cast<std::size_t>(dims[1]);
+  requireSameLength(function, channels, affine.scale.size(), "scale");
+  requireSameLength(function, channels, affine.shift.size(), "shift");
+  std::vector<double> y(x.size());
+  if (x.empty()) return y;
+  const std::size_t inner = x.size() / (static_cast<std::size_t>(dims[0]) * channels);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::size_t c = (i / inner) % channels;
+    y[i] = x[i] * affine.scale[c] + affine.shift[c];
+  }
+  return y;
+}
+
+}  // namespace bnfold::kernels

@@ -1,0 +1,264 @@
+// Everything the rules do not touch survives load -> IR -> save, down to the bytes.
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include <google/protobuf/util/message_differencer.h>
+
+#include "bnfold/io/model_io.h"
+#include "test_support.h"
+
+using namespace bnfold;
+using bnfold::test::TempDir;
+
+namespace {
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+void writeFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+}
+
+// A model that uses every part of the format bnfold must carry through untouched.
+onnx::ModelProto richModel() {
+  onnx::ModelProto model = bnfold::test::parseModelProto(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15, "com.example" : 2], producer_name: "rich", producer_version: "7.1",
+ domain: "org.example", model_version: 42, doc_string: "a model with everything">
+main (float[N,2] x, bool cond) => (float[N,2] y, float[N,2] z)
+<float[2] k = {1.5, -2}>
+{
+  a = Add (x, k)
+  b = If (cond) <
+    then_branch = then_g () => (float[N,2] t) { t = Relu (a) },
+    else_branch = else_g () => (float[N,2] e) { e = Neg (a) }
+  >
+  y = com.example.Custom <alpha = 0.5, count = 3, label = "L", sizes = [1, 2], scales = [0.5, 0.25], words = ["p", "q"]> (b)
+  z = com.example.Square (a)
+}
+
+<domain: "com.example", opset_import: ["" : 15]>
+Square (X) => (Y) { Y = Mul (X, X) }
+)ONNX");
+  auto* graph = model.mutable_graph();
+  graph->set_doc_string("graph doc");
+  auto* meta = model.add_metadata_props();
+  meta->set_key("author");
+  meta->set_value("bnfold tests");
+  auto* info = graph->add_value_info();
+  info->set_name("a");
+  info->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  info->set_doc_string("value_info doc");
+  graph->mutable_node(0)->set_doc_string("node doc");
+  // Attributes of the remaining kinds: tensor, tensors, graphs, sparse tensor, type proto, an unknown one.
+  auto* custom = graph->mutable_node(2);
+  {
+    auto* attr = custom->add_attribute();
+    attr->set_name("table");
+    attr->set_type(onnx::AttributeProto::TENSOR);
+    attr->mutable_t()->set_data_type(onnx::TensorProto::INT64);
+    attr->mutable_t()->add_dims(2);
+    attr->mutable_t()->add_int64_data(4);
+    attr->mutable_t()->add_int64_data(5);
+  }
+  {
+    auto* attr = custom->add_attribute();
+    attr->set_name("tables");
+    attr->set_type(onnx::AttributeProto::TENSORS);
+    auto* t = attr->add_tensors();
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    t->add_float_data(9.0f);
+  }
+  {
+    auto* attr = custom->add_attribute();
+    attr->set_name("bodies");
+    attr->set_type(onnx::AttributeProto::GRAPHS);
+    for (int i = 0; i < 2; ++i) {
+      auto* g = attr->add_graphs();
+      g->set_name("body" + std::to_string(i));
+      auto* out = g->add_output();
+      out->set_name("o" + std::to_string(i));
+      auto* n = g->add_node();
+      n->set_op_type("Identity");
+      n->set_name("id" + std::to_string(i));
+      n->add_input("a");
+      n->add_output("o" + std::to_string(i));
+    }
+  }
+  {
+    auto* attr = custom->add_attribute();
+    attr->set_name("sparse");
+    attr->set_type(onnx::AttributeProto::SPARSE_TENSOR);
+    attr->mutable_sparse_tensor()->add_dims(4);
+    attr->mutable_sparse_tensor()->mutable_values()->set_data_type(onnx::TensorProto::FLOAT);
+    attr->mutable_sparse_tensor()->mutable_values()->add_float_data(1.0f);
+    attr->mutable_sparse_tensor()->mutable_indices()->set_data_type(onnx::TensorProto::INT64);
+    attr->mutable_sparse_tensor()->mutable_indices()->add_int64_data(2);
+  }
+  {
+    auto* attr = custom->add_attribute();
+    attr->set_name("kind");
+    attr->set_type(onnx::AttributeProto::TYPE_PROTO);
+    attr->mutable_tp()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::DOUBLE);
+    attr->set_doc_string("attribute doc");
+    // A field this build of onnx does not know survives as an unknown field.
+    attr->GetReflection()->MutableUnknownFields(attr)->AddVarint(999, 12345);
+  }
+  // Sparse initializer.
+  auto* sparse = graph->add_sparse_initializer();
+  sparse->add_dims(3);
+  sparse->mutable_values()->set_name("sp");
+  sparse->mutable_values()->set_data_type(onnx::TensorProto::FLOAT);
+  sparse->mutable_values()->add_float_data(2.0f);
+  sparse->mutable_indices()->set_data_type(onnx::TensorProto::INT64);
+  sparse->mutable_indices()->add_int64_data(1);
+  // Training info reading an initializer of the main graph.
+  auto* training = model.add_training_info();
+  training->mutable_algorithm()->set_name("train_step");
+  auto* step = training->mutable_algorithm()->add_node();
+  step->set_op_type("Identity");
+  step->add_input("k");
+  step->add_output("k_new");
+  auto* binding = training->add_update_binding();
+  binding->set_key("k");
+  binding->set_value("k_new");
+  model.GetReflection()->MutableUnknownFields(&model)->AddLengthDelimited(1000, "future field");
+  return model;
+}
+
+}  // namespace
+
+TEST_CASE("a model using every part of the format round-trips byte for byte", "[io][round-trip]") {
+  onnx::ModelProto original = richModel();
+  std::string originalBytes;
+  REQUIRE(original.SerializeToString(&originalBytes));
+  TempDir dir;
+  writeFile(dir.file("in.onnx"), originalBytes);
+
+  LoadOptions keepNames;
+  keepNames.nameUnnamedNodes = false;
+  auto model = loadModel(dir.file("in.onnx"), keepNames);
+  model->graph().verify();
+  saveModel(*model, dir.file("out.onnx"));
+  const std::string savedBytes = readFile(dir.file("out.onnx"));
+
+  onnx::ModelProto reloaded;
+  REQUIRE(reloaded.ParseFromString(savedBytes));
+  std::string difference;
+  google::protobuf::util::MessageDifferencer differencer;
+  differencer.ReportDifferencesToString(&difference);
+  CHECK(differencer.Compare(original, reloaded));
+  INFO(difference);
+  CHECK(savedBytes == originalBytes);
+  // Saving does not change the model: a second save gives the same bytes.
+  saveModel(*model, dir.file("again.onnx"));
+  CHECK(readFile(dir.file("again.onnx")) == savedBytes);
+}
+
+TEST_CASE("by default the only change is a name for each unnamed node", "[io][round-trip]") {
+  onnx::ModelProto original = richModel();
+  auto model = modelFromProto(onnx::ModelProto(original));
+  onnx::ModelProto saved = modelToProto(*model);
+  // Put the original's empty names back: then nothing else may differ.
+  std::vector<std::string> given;
+  std::function<void(onnx::GraphProto&, const onnx::GraphProto&)> restore = [&](onnx::GraphProto& out,
+                                                                                 const onnx::GraphProto& in) {
+    for (int i = 0; i < out.node_size(); ++i) {
+      if (in.node(i).name().empty()) {
+        given.push_back(out.node(i).name());
+        out.mutable_node(i)->clear_name();
+      }
+      for (int a = 0; a < out.node(i).attribute_size(); ++a) {
+        auto* attr = out.mutable_node(i)->mutable_attribute(a);
+        if (attr->has_g()) restore(*attr->mutable_g(), in.node(i).attribute(a).g());
+        for (int j = 0; j < attr->graphs_size(); ++j) restore(*attr->mutable_graphs(j), in.node(i).attribute(a).graphs(j));
+      }
+    }
+  };
+  restore(*saved.mutable_graph(), original.graph());
+  CHECK(google::protobuf::util::MessageDifferencer::Equals(original, saved));
+  CHECK(given == std::vector<std::string>{"Add_0", "If_0", "Relu_0", "Neg_0", "Custom_0", "Square_0"});
+}
+
+TEST_CASE("the input file is never modified and no temp files are left", "[io][round-trip]") {
+  TempDir dir;
+  std::string bytes;
+  richModel().SerializeToString(&bytes);
+  writeFile(dir.file("in.onnx"), bytes);
+  auto model = loadModel(dir.file("in.onnx"));
+  saveModel(*model, dir.file("out.onnx"));
+  CHECK(readFile(dir.file("in.onnx")) == bytes);
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"in.onnx", "out.onnx"});
+}
+
+TEST_CASE("external data is read in place and written next to the output", "[io][external]") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.file("in"));
+  std::filesystem::create_directories(dir.file("out"));
+  onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (float[3] x) => (float[3] y)
+<float[3] w = {0, 0, 0}, float[1] small = {5}>
+{
+  t = Mul (x, w)
+  y = Add (t, small)
+}
+)ONNX");
+  // Move w's data into a file beside the model, after 8 bytes of padding.
+  const float weights[] = {1.5f, -2.0f, 0.25f};
+  std::string data(8, 'x');
+  data.append(reinterpret_cast<const char*>(weights), sizeof(weights));
+  writeFile(dir.file("in/weights.bin"), data);
+  auto* w = proto.mutable_graph()->mutable_initializer(0);
+  w->clear_float_data();
+  w->set_data_location(onnx::TensorProto::EXTERNAL);
+  for (auto [key, value] : {std::pair<const char*, const char*>{"location", "weights.bin"}, {"offset", "8"},
+                            {"length", "12"}}) {
+    auto* entry = w->add_external_data();
+    entry->set_key(key);
+    entry->set_value(value);
+  }
+  std::string bytes;
+  proto.SerializeToString(&bytes);
+  writeFile(dir.file("in/model.onnx"), bytes);
+
+  auto model = loadModel(dir.file("in/model.onnx"));
+  const Tensor* loaded = model->graph().findLocal("w")->initializer();
+  REQUIRE(loaded->isExternal());
+  CHECK(loaded->toDoubles() == std::vector<double>{1.5, -2.0, 0.25});
+  saveModel(*model, dir.file("out/folded.onnx"));
+
+  REQUIRE(std::filesystem::exists(dir.file("out/folded.onnx.data")));
+  auto reloaded = loadModel(dir.file("out/folded.onnx"));
+  const Tensor* saved = reloaded->graph().findLocal("w")->initializer();
+  CHECK(saved->isExternal());
+  CHECK(saved->externalData().location == "folded.onnx.data");
+  CHECK(saved->toDoubles() == std::vector<double>{1.5, -2.0, 0.25});
+  // Small inline tensors stay inline; the input's files are untouched.
+  CHECK_FALSE(reloaded->graph().findLocal("small")->initializer()->isExternal());
+  CHECK(readFile(dir.file("in/weights.bin")) == data);
+  CHECK(readFile(dir.file("in/model.onnx")) == bytes);
+}
+
+TEST_CASE("every sample model round-trips byte for byte", "[io][round-trip]") {
+  TempDir dir;
+  for (const auto& entry : std::filesystem::directory_iterator(bnfold::test::sourceDir() + "/models")) {
+    if (entry.path().extension() != ".onnx") continue;
+    INFO(entry.path().string());
+    LoadOptions options;
+    options.nameUnnamedNodes = false;
+    auto model = loadModel(entry.path().string(), options);
+    saveModel(*model, dir.file("out.onnx"));
+    CHECK(readFile(dir.file("out.onnx")) == readFile(entry.path().string()));
+  }
+}

@@ -1,0 +1,120 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+
+#include "bnfold/error.h"
+#include "bnfold/ir/tensor.h"
+
+using namespace bnfold;
+
+namespace {
+std::unique_ptr<onnx::TensorProto> protoWithRaw(DataType type, std::vector<int64_t> dims, const void* data,
+                                                std::size_t bytes) {
+  auto proto = std::make_unique<onnx::TensorProto>();
+  proto->set_name("t");
+  proto->set_data_type(static_cast<int>(type));
+  for (auto d : dims) proto->add_dims(d);
+  proto->set_raw_data(std::string(static_cast<const char*>(data), bytes));
+  return proto;
+}
+}  // namespace
+
+TEST_CASE("typed views read float, double, half and bfloat16", "[tensor]") {
+  SECTION("float from raw_data") {
+    const float values[] = {1.5f, -2.25f, 3.0f};
+    Tensor tensor(protoWithRaw(DataType::Float, {3}, values, sizeof(values)));
+    auto view = tensor.view<float>();
+    REQUIRE(view.size() == 3);
+    CHECK(view[1] == -2.25f);
+    CHECK(view.map().sum() == Approx(2.25f));
+    CHECK(tensor.toDoubles() == std::vector<double>{1.5, -2.25, 3.0});
+  }
+  SECTION("double from double_data, read in place") {
+    auto proto = std::make_unique<onnx::TensorProto>();
+    proto->set_data_type(static_cast<int>(DataType::Double));
+    proto->add_dims(2);
+    proto->add_double_data(0.1);
+    proto->add_double_data(-7.0);
+    const double* field = proto->double_data().data();
+    Tensor tensor(std::move(proto));
+    CHECK(tensor.view<double>()[0] == 0.1);
+    // No copy: the bytes are the repeated field's own storage.
+    CHECK(static_cast<const void*>(tensor.bytes().data()) == static_cast<const void*>(field));
+  }
+  SECTION("float16 stored as bit patterns in int32_data") {
+    auto proto = std::make_unique<onnx::TensorProto>();
+    proto->set_data_type(static_cast<int>(DataType::Float16));
+    proto->add_dims(3);
+    for (float v : {1.0f, -0.5f, 65504.0f}) proto->add_int32_data(Eigen::numext::bit_cast<uint16_t>(Eigen::half(v)));
+    Tensor tensor(std::move(proto));
+    auto view = tensor.view<Eigen::half>();
+    CHECK(static_cast<float>(view[1]) == -0.5f);
+    CHECK(tensor.toDoubles() == std::vector<double>{1.0, -0.5, 65504.0});
+  }
+  SECTION("bfloat16 from raw_data") {
+    const Eigen::bfloat16 values[] = {Eigen::bfloat16(2.0f), Eigen::bfloat16(-0.125f)};
+    Tensor tensor(protoWithRaw(DataType::BFloat16, {2}, values, sizeof(values)));
+    CHECK(tensor.toDoubles() == std::vector<double>{2.0, -0.125});
+  }
+  SECTION("a view of the wrong type is refused") {
+    const float values[] = {1.0f};
+    Tensor tensor(protoWithRaw(DataType::Float, {1}, values, sizeof(values)));
+    CHECK_THROWS_AS(tensor.view<double>(), std::invalid_argument);
+  }
+}
+
+TEST_CASE("raw_data at an odd address is read correctly", "[tensor]") {
+  // Build raw bytes whose float payload starts one byte in, then trim: the view must not assume alignment.
+  std::string bytes(1 + 2 * sizeof(double), '\0');
+  const double values[] = {3.25, -1.0};
+  std::memcpy(bytes.data() + 1, values, sizeof(values));
+  auto proto = std::make_unique<onnx::TensorProto>();
+  proto->set_data_type(static_cast<int>(DataType::Double));
+  proto->add_dims(2);
+  proto->set_raw_data(bytes.substr(1));
+  Tensor tensor(std::move(proto));
+  CHECK(tensor.view<double>().map()(0) == 3.25);
+  CHECK(tensor.toDoubles()[1] == -1.0);
+}
+
+TEST_CASE("fromDoubles rounds once to the tensor's type", "[tensor]") {
+  // 1 + 2^-11 + 2^-30 lies just above the midpoint between two halves (1 and 1 + 2^-10): correct rounding
+  // goes up. Rounding to float first (to nearest) would give exactly the midpoint, then round to even (down).
+  const double justAboveMidpoint = 1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -30);
+  Tensor half = Tensor::fromDoubles("h", DataType::Float16, {1}, {justAboveMidpoint});
+  CHECK(half.toDoubles()[0] == 1.0 + std::ldexp(1.0, -10));
+  Tensor f = Tensor::fromDoubles("f", DataType::Float, {2}, {0.1, 1e-40});
+  CHECK(f.view<float>()[0] == 0.1f);
+  CHECK(f.dims() == std::vector<int64_t>{2});
+  Tensor bf = Tensor::fromDoubles("b", DataType::BFloat16, {1}, {1.0 + std::ldexp(1.0, -8)});
+  CHECK(bf.toDoubles()[0] == 1.0);  // a tie rounds to even
+  Tensor halfTie = Tensor::fromDoubles("t", DataType::Float16, {2}, {1.0 + std::ldexp(1.0, -11), -0.0});
+  CHECK(halfTie.toDoubles()[0] == 1.0);
+  CHECK(std::signbit(halfTie.toDoubles()[1]));
+  CHECK_THROWS_AS(Tensor::fromDoubles("i", DataType::Int64, {1}, {1.0}), std::invalid_argument);
+}
+
+TEST_CASE("validate catches size mismatches", "[tensor]") {
+  const float values[] = {1.0f, 2.0f, 3.0f};
+  Tensor tooFew(protoWithRaw(DataType::Float, {4}, values, sizeof(values)));
+  CHECK_THROWS_WITH(tooFew.validate("m.onnx"), Catch::Contains("m.onnx") && Catch::Contains("12 bytes") &&
+                                                   Catch::Contains("need 16"));
+  Tensor exact(protoWithRaw(DataType::Float, {3}, values, sizeof(values)));
+  CHECK_NOTHROW(exact.validate("m.onnx"));
+  auto typed = std::make_unique<onnx::TensorProto>();
+  typed->set_data_type(static_cast<int>(DataType::Float));
+  typed->add_dims(2);
+  typed->add_float_data(1.0f);
+  Tensor typedShort(std::move(typed));
+  CHECK_THROWS_AS(typedShort.validate("m.onnx"), bnfold::Error);
+}
+
+TEST_CASE("integer tensors convert to int64 and double", "[tensor]") {
+  const int8_t values[] = {-3, 7};
+  Tensor tensor(protoWithRaw(DataType::Int8, {2}, values, sizeof(values)));
+  CHECK(tensor.toInt64s() == std::vector<int64_t>{-3, 7});
+  CHECK(tensor.toDoubles() == std::vector<double>{-3.0, 7.0});
+  Tensor shape = Tensor::fromInt64s("s", {3}, {1, -1, 4});
+  CHECK(shape.view<int64_t>()[1] == -1);
+}
