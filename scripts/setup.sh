@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Sets up everything bnfold needs on a Debian 12 machine and builds it. Safe to run again: each step only does
+# what is missing.
+#   1. Debian packages (scripts/setup_deps.sh: apt-get update + install, only when something is missing)
+#   2. ONNX Runtime for Node.js, the numeric oracle, cached outside the source tree (scripts/ort/ensure_ort.sh)
+#   3. CMake configure + build into build/ (or $BNFOLD_BUILD_DIR)
+# Prints `export BNFOLD_ORT_NODE_MODULES=...` as its last line so callers can eval it.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build_dir="${BNFOLD_BUILD_DIR:-$root/build}"
+jobs="${BNFOLD_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+"$root/scripts/setup_deps.sh"
+ort_modules="$("$root/scripts/ort/ensure_ort.sh" | tail -n 1)"
+log "ONNX Runtime for Node.js: $ort_modules"
+
+log "building in $build_dir"
+cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBNFOLD_WARNINGS_AS_ERRORS=ON >&2
+cmake --build "$build_dir" --parallel "$jobs" >&2
+log "built $build_dir/apps/bnfold"
+printf 'export BNFOLD_ORT_NODE_MODULES=%q\n' "$ort_modules"
