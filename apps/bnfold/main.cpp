@@ -21,10 +21,17 @@ Examples:
   bnfold fold model.onnx -o folded.onnx --report report.json
   bnfold fold model.onnx -o same.onnx --rules none          # pure load/save round trip
   bnfold fold model.onnx -o out.onnx --keep 'backbone/*' --keep-op ConvTranspose
+  bnfold fold models/ --out-dir folded/ --jobs 4             # many models, mirrored layout, a report each
+  bnfold fold models/ --in-place --backup-suffix .bak
+  bnfold check models/                                       # CI gate: exit 1 on a foldable or training-mode BN
+  bnfold check model.onnx --format github --fail-on all
+
+`bnfold COMMAND --help` shows a command's options; `bnfold --help-all` shows every command's.
+Colour only on a terminal, never with NO_COLOR set. Docs: README.md, docs/ci.md.
 
 Exit codes:
   0  success
-  1  `check` found something that fails (reserved)
+  1  `check` found something in a --fail-on category
   2  usage error or invalid input (one line on stderr names the file and the problem)
 )";
 
@@ -34,7 +41,11 @@ int main(int argc, char** argv) {
   CLI::App app{kDescription, "bnfold"};
   app.footer(kFooter);
   app.set_version_flag("--version", std::string("bnfold ") + bnfold::kVersion);
+  app.set_help_all_flag("--help-all", "Show the help of every command");
   app.require_subcommand(1);
+  app.fallthrough();  // -v/-q are accepted after the subcommand too
+  // Global flags work after the command too: `bnfold fold ... -q`.
+  app.fallthrough();
   int verbosity = 0;
   bool quiet = false;
   app.add_flag("-v,--verbose", verbosity, "More log output on stderr (-vv for debug)");
@@ -48,6 +59,7 @@ int main(int argc, char** argv) {
   };
   addCommand(bnfold::cli::addInfoCommand);
   addCommand(bnfold::cli::addFoldCommand);
+  addCommand(bnfold::cli::addCheckCommand);
 
   try {
     app.parse(argc, argv);
@@ -62,7 +74,8 @@ int main(int argc, char** argv) {
     return bnfold::cli::kExitInvalid;
   }
 
-  auto logger = spdlog::stderr_logger_st("bnfold");
+  // _mt: batch `fold` runs models on several threads, and any of them may log.
+  auto logger = spdlog::stderr_logger_mt("bnfold");
   logger->set_pattern("bnfold: %l: %v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(quiet ? spdlog::level::err

@@ -15,6 +15,7 @@
 
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
+#include "deferred_parser.h"
 
 namespace bnfold {
 namespace fs = std::filesystem;
@@ -24,17 +25,20 @@ class ModelReader {
   ModelReader(Model& model, std::string file, const LoadOptions& options)
       : model_(model), file_(std::move(file)), options_(options) {}
 
-  void read(onnx::ModelProto&& proto, const std::string& baseDir) {
+  /// `mainInitializers`: the main graph's initializers when they were parsed apart from `proto`.
+  void read(onnx::ModelProto&& proto, const std::string& baseDir,
+            std::vector<std::unique_ptr<Tensor>> mainInitializers = {}) {
     model_.path_ = file_;
     model_.baseDir_ = baseDir;
     model_.shell_.Swap(&proto);
     if (!model_.shell_.has_graph()) throw Error(file_, "not an ONNX model: it has no graph");
     std::unique_ptr<onnx::GraphProto> graph(model_.shell_.release_graph());
+    for (const auto& tensor : mainInitializers) model_.valueNames_.insert(tensor->name());
     reserveNames(*graph);
     for (const auto& function : model_.shell_.functions())
       for (const auto& node : function.node()) model_.nodeNames_.insert(node.name());
     pinTrainingInfoNames();
-    buildGraph(*model_.graph_, *graph);
+    buildGraph(*model_.graph_, *graph, std::move(mainInitializers));
   }
 
  private:
@@ -77,12 +81,13 @@ class ModelReader {
                           : "graph '" + graph.name() + "'";
   }
 
-  void buildGraph(Graph& graph, onnx::GraphProto& proto) {
+  void buildGraph(Graph& graph, onnx::GraphProto& proto, std::vector<std::unique_ptr<Tensor>> tensors = {}) {
     const int initCount = proto.initializer_size();
     std::vector<onnx::TensorProto*> inits(static_cast<std::size_t>(initCount));
     if (initCount > 0) proto.mutable_initializer()->ExtractSubrange(0, initCount, inits.data());
-    for (onnx::TensorProto* raw : inits) {
-      auto tensor = std::make_unique<Tensor>(std::unique_ptr<onnx::TensorProto>(raw), model_.baseDir_);
+    for (onnx::TensorProto* raw : inits)
+      tensors.push_back(std::make_unique<Tensor>(std::unique_ptr<onnx::TensorProto>(raw), model_.baseDir_));
+    for (auto& tensor : tensors) {
       if (tensor->name().empty()) throw Error(file_, graphLabel(graph) + " has an initializer without a name");
       tensor->validate(file_);
       if (graph.findLocal(tensor->name()))
@@ -219,17 +224,24 @@ std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& opt
     ::close(fd);
     throw Error(path, "the file is empty");
   }
-  onnx::ModelProto proto;
-  bool parsed;
-  {
-    google::protobuf::io::FileInputStream input(fd, 1 << 20);
-    parsed = proto.ParseFromZeroCopyStream(&input);
+  const fs::path modelPath(path);
+  const std::string baseDir = modelPath.has_parent_path() ? modelPath.parent_path().string() : ".";
+  // Large raw_data stays in the file until a rule reads it; the writer copies it file to file.
+  DeferredModel deferred;
+  bool parsed = parseDeferred(fd, path, baseDir, deferred);
+  if (!parsed) {
+    deferred = DeferredModel();
+    parsed = ::lseek(fd, 0, SEEK_SET) == 0;
+    if (parsed) {
+      google::protobuf::io::FileInputStream input(fd, 1 << 20);
+      parsed = deferred.proto.ParseFromZeroCopyStream(&input);
+    }
   }
   ::close(fd);
   if (!parsed) throw Error(path, "not a valid ONNX model: the protobuf cannot be parsed (corrupt or truncated file)");
-  const fs::path modelPath(path);
-  const std::string baseDir = modelPath.has_parent_path() ? modelPath.parent_path().string() : ".";
-  return modelFromProto(std::move(proto), path, baseDir, options);
+  auto model = std::make_unique<Model>();
+  ModelReader(*model, path, options).read(std::move(deferred.proto), baseDir, std::move(deferred.mainInitializers));
+  return model;
 }
 
 }  // namespace bnfold

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <unordered_map>
 
+#include <google/protobuf/wire_format_lite.h>
+
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 
@@ -40,6 +42,13 @@ class ModelWriter {
   std::vector<Tensor*> allTensors() {
     std::vector<Tensor*> tensors;
     collectTensors(*model_.graph_, tensors);
+    return tensors;
+  }
+
+  /// The main graph's initializer tensors, in the order they appear in the built GraphProto.
+  std::vector<Tensor*> mainInitializers() const {
+    std::vector<Tensor*> tensors;
+    for (Value* value : model_.graph_->initializers_) tensors.push_back(value->initializer_.get());
     return tensors;
   }
 
@@ -126,6 +135,7 @@ class ModelWriter {
 onnx::ModelProto modelToProto(Model& model) {
   onnx::ModelProto out;
   ModelWriter writer(model);
+  for (Tensor* tensor : writer.allTensors()) tensor->materialize();
   writer.build(out);
   onnx::ModelProto copy = out;  // the copy owns its tensors; `out` gives the lent ones back
   return copy;
@@ -189,6 +199,168 @@ void setExternalLocation(onnx::TensorProto& proto, const std::string& location, 
   add("location", location);
   add("offset", std::to_string(offset));
   add("length", std::to_string(length));
+}
+
+
+// Buffered writes to a file descriptor, plus file-to-file copies of byte ranges that bypass user memory.
+class OutputWriter {
+ public:
+  OutputWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)) { buffer_.reserve(kBufferSize); }
+
+  void append(std::string_view bytes) {
+    if (buffer_.size() + bytes.size() > kBufferSize) flush();
+    if (bytes.size() >= kBufferSize) writeAll(fd_, bytes.data(), bytes.size(), path_);
+    else buffer_.append(bytes.data(), bytes.size());
+  }
+
+  void appendVarint(uint64_t value) {
+    char bytes[10];
+    std::size_t n = 0;
+    do {
+      bytes[n++] = static_cast<char>((value & 0x7f) | (value >= 0x80 ? 0x80 : 0));
+      value >>= 7;
+    } while (value);
+    append({bytes, n});
+  }
+
+  void appendTag(int field) { appendVarint(static_cast<uint64_t>(field) << 3 | 2); }  // length-delimited
+
+  void copyRange(const FileRange& range) {
+    flush();
+    loff_t in = range.offset;
+    int64_t remaining = range.length;
+    while (remaining > 0) {
+      const ssize_t n = copy_file_range(range.file->fd(), &in, fd_, nullptr, static_cast<std::size_t>(remaining), 0);
+      if (n > 0) {
+        remaining -= n;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 0) throw Error(range.file->path(), "the model file is shorter than when it was loaded");
+      // Not supported between these files (e.g. across file systems on old kernels): copy through a buffer.
+      copyThroughBuffer(range.file->fd(), in, remaining, range.file->path());
+      return;
+    }
+  }
+
+  void flush() {
+    writeAll(fd_, buffer_.data(), buffer_.size(), path_);
+    buffer_.clear();
+  }
+
+ private:
+  void copyThroughBuffer(int source, int64_t offset, int64_t remaining, const std::string& sourcePath) {
+    std::vector<char> chunk(static_cast<std::size_t>(std::min<int64_t>(remaining, 8 << 20)));
+    while (remaining > 0) {
+      const ssize_t n = ::pread(source, chunk.data(), std::min<std::size_t>(chunk.size(), remaining), offset);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw Error(sourcePath, "the model file is shorter than when it was loaded");
+      writeAll(fd_, chunk.data(), static_cast<std::size_t>(n), path_);
+      offset += n;
+      remaining -= n;
+    }
+  }
+
+  static constexpr std::size_t kBufferSize = 1 << 20;
+  int fd_;
+  std::string path_;
+  std::string buffer_;
+};
+
+std::size_t varintSize(uint64_t value) { return google::protobuf::io::CodedOutputStream::VarintSize64(value); }
+
+// Where a field numbered `number` goes in the serialization `bytes` of a `descriptor` message: protobuf writes
+// known fields by increasing number and unknown fields last.
+std::size_t insertionPoint(const std::string& bytes, const google::protobuf::Descriptor* descriptor, int number) {
+  google::protobuf::io::CodedInputStream input(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                               static_cast<int>(bytes.size()));
+  for (;;) {
+    const auto position = static_cast<std::size_t>(input.CurrentPosition());
+    const uint32_t tag = input.ReadTag();
+    if (tag == 0) return bytes.size();
+    const int field = google::protobuf::internal::WireFormatLite::GetTagFieldNumber(tag);
+    if (field > number || !descriptor->FindFieldByNumber(field)) return position;
+    if (!google::protobuf::internal::WireFormatLite::SkipField(&input, tag)) return bytes.size();
+  }
+}
+
+std::string serializeDeterministic(const google::protobuf::Message& message) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    message.SerializeWithCachedSizes(&coded);
+  }
+  return bytes;
+}
+
+// Writes the model with the main graph's deferred raw_data copied straight from the input file. The bytes
+// are exactly what protobuf would write for the complete message.
+void writeSpliced(onnx::ModelProto& proto, const std::vector<Tensor*>& mainInitializers, OutputWriter& out) {
+  onnx::GraphProto* graph = proto.mutable_graph();
+  struct Piece {
+    std::string before, after;  // the tensor's serialization around where raw_data goes
+    const FileRange* raw = nullptr;
+    std::size_t size = 0;
+  };
+  std::vector<Piece> pieces(mainInitializers.size());
+  std::size_t initializerBytes = 0;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    Piece& piece = pieces[i];
+    const onnx::TensorProto& tensor = graph->initializer(static_cast<int>(i));
+    piece.raw = mainInitializers[i]->deferredRawData();
+    if (piece.raw) {
+      tensor.ByteSizeLong();
+      std::string bytes = serializeDeterministic(tensor);
+      const std::size_t split = insertionPoint(bytes, onnx::TensorProto::descriptor(), 9);
+      piece.before = bytes.substr(0, split);
+      piece.after = bytes.substr(split);
+      const auto length = static_cast<uint64_t>(piece.raw->length);
+      piece.size = bytes.size() + 1 + varintSize(length) + length;
+    } else {
+      piece.size = tensor.ByteSizeLong();
+    }
+    initializerBytes += 1 + varintSize(piece.size) + piece.size;
+  }
+  // The graph without its initializers, and the model without its graph.
+  google::protobuf::RepeatedPtrField<onnx::TensorProto> initializers;
+  initializers.Swap(graph->mutable_initializer());
+  graph->ByteSizeLong();
+  const std::string graphBytes = serializeDeterministic(*graph);
+  initializers.Swap(graph->mutable_initializer());
+  onnx::GraphProto* detached = proto.release_graph();
+  proto.ByteSizeLong();
+  const std::string modelBytes = serializeDeterministic(proto);
+  proto.set_allocated_graph(detached);
+
+  const std::size_t graphSplit = insertionPoint(graphBytes, onnx::GraphProto::descriptor(), 5);
+  const std::size_t modelSplit = insertionPoint(modelBytes, onnx::ModelProto::descriptor(), 7);
+  const std::size_t graphSize = graphBytes.size() + initializerBytes;
+  if (modelBytes.size() + graphSize > static_cast<std::size_t>(INT_MAX))
+    throw Error("", "the model is larger than protobuf's 2 GiB limit");
+
+  out.append(std::string_view(modelBytes).substr(0, modelSplit));
+  out.appendTag(7);
+  out.appendVarint(graphSize);
+  out.append(std::string_view(graphBytes).substr(0, graphSplit));
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& piece = pieces[i];
+    out.appendTag(5);
+    out.appendVarint(piece.size);
+    if (piece.raw) {
+      out.append(piece.before);
+      out.appendTag(9);
+      out.appendVarint(static_cast<uint64_t>(piece.raw->length));
+      out.copyRange(*piece.raw);
+      out.append(piece.after);
+    } else {
+      out.append(serializeDeterministic(graph->initializer(static_cast<int>(i))));
+    }
+  }
+  out.append(std::string_view(graphBytes).substr(graphSplit));
+  out.append(std::string_view(modelBytes).substr(modelSplit));
+  out.flush();
 }
 
 }  // namespace
@@ -262,11 +434,21 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
       if (source.has_doc_string()) lentProto->set_doc_string(source.doc_string());
       setExternalLocation(*lentProto, dataFileName, placement->second.offset, placement->second.length);
     }
-    const std::size_t size = proto.ByteSizeLong();
-    if (size > static_cast<std::size_t>(kProtobufLimit))
-      throw Error(path, "the model is larger than protobuf's 2 GiB limit even with tensors stored externally");
     AtomicFile modelFile(path);
-    {
+    const std::vector<Tensor*> mainInitializers = writer.mainInitializers();
+    const bool spliced = std::any_of(mainInitializers.begin(), mainInitializers.end(),
+                                     [](const Tensor* t) { return t->deferredRawData() != nullptr; });
+    if (spliced) {
+      OutputWriter out(modelFile.fd(), path);
+      try {
+        writeSpliced(proto, mainInitializers, out);
+      } catch (const Error& e) {
+        throw Error(e.file().empty() ? path : e.file(), e.problem());
+      }
+    } else {
+      const std::size_t size = proto.ByteSizeLong();
+      if (size > static_cast<std::size_t>(kProtobufLimit))
+        throw Error(path, "the model is larger than protobuf's 2 GiB limit even with tensors stored externally");
       google::protobuf::io::FileOutputStream stream(modelFile.fd(), 1 << 20);
       {
         google::protobuf::io::CodedOutputStream coded(&stream);

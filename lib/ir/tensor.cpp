@@ -5,6 +5,10 @@
 #include <fstream>
 #include <limits>
 
+#include <unistd.h>
+
+#include <cerrno>
+
 #include "bnfold/error.h"
 
 namespace bnfold {
@@ -63,8 +67,41 @@ void throwViewTypeMismatch(const Tensor& tensor, DataType requested) {
                               ", not " + dataTypeName(requested));
 }
 
+SourceFile::~SourceFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
 Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir)
     : proto_(std::move(proto)), baseDir_(std::move(baseDir)) {}
+
+Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir, FileRange rawData)
+    : proto_(std::move(proto)), baseDir_(std::move(baseDir)), deferred_(std::move(rawData)) {}
+
+namespace {
+void readRange(const FileRange& range, std::string& out, const std::string& tensorName) {
+  out.resize(static_cast<std::size_t>(range.length));
+  int64_t done = 0;
+  while (done < range.length) {
+    const ssize_t n = ::pread(range.file->fd(), out.data() + done, static_cast<std::size_t>(range.length - done),
+                              static_cast<off_t>(range.offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      throw Error(range.file->path(), "cannot read the data of tensor '" + tensorName + "': " +
+                                          (n < 0 ? std::strerror(errno) : "the file is shorter than it was"));
+    done += n;
+  }
+}
+}  // namespace
+
+void Tensor::materialize() {
+  if (!deferred_) return;
+  std::string bytes;
+  if (packedBytesReady_) bytes.swap(packedBytes_);
+  else readRange(*deferred_, bytes, name());
+  proto_->set_raw_data(std::move(bytes));
+  deferred_.reset();
+  releaseCachedBytes();
+}
 
 int64_t Tensor::elementCount() const {
   int64_t count = 1;
@@ -173,9 +210,9 @@ void Tensor::validate(const std::string& file) const {
                             dataTypeName(type) + ") need " + std::to_string(expected));
     return;
   }
-  if (proto_->has_raw_data()) {
+  if (proto_->has_raw_data() || deferred_) {
     if (type == DataType::String) throw Error(file, what + " is a string tensor with raw_data");
-    const auto have = static_cast<int64_t>(proto_->raw_data().size());
+    const auto have = deferred_ ? deferred_->length : static_cast<int64_t>(proto_->raw_data().size());
     if (have != byteSize())
       throw Error(file, what + " has " + std::to_string(have) + " bytes of raw_data but its dims and type (" +
                             dataTypeName(type) + ") need " + std::to_string(byteSize()));
@@ -190,7 +227,7 @@ void Tensor::validate(const std::string& file) const {
 std::string_view Tensor::bytes() const {
   const DataType type = dataType();
   if (type == DataType::String) throw std::invalid_argument("tensor '" + name() + "' holds strings, not numbers");
-  if (!isExternal()) {
+  if (!isExternal() && !deferred_) {
     if (proto_->has_raw_data()) return proto_->raw_data();
     // Typed fields whose in-memory layout is already the packed element layout: read in place.
     const auto asView = [](const auto& field) {
@@ -220,7 +257,9 @@ std::string_view Tensor::bytes() const {
   if (packedBytesReady_) return packedBytes_;
   const int64_t count = elementCount();
   const std::size_t size = elementSize(type);
-  if (isExternal()) {
+  if (deferred_) {
+    readRange(*deferred_, packedBytes_, name());
+  } else if (isExternal()) {
     const ExternalDataRef ref = externalData();
     const fs::path path = fs::path(baseDir_.empty() ? "." : baseDir_) / ref.location;
     std::ifstream in(path, std::ios::binary);

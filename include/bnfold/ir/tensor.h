@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,10 +55,35 @@ struct ExternalDataRef {
 template <typename T>
 class TensorView;
 
+/// An open model file whose tensor bytes were left in place on load (see Tensor::deferredRawData).
+class SourceFile {
+ public:
+  SourceFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~SourceFile();
+  SourceFile(const SourceFile&) = delete;
+  SourceFile& operator=(const SourceFile&) = delete;
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  int fd_;
+  std::string path_;
+};
+
+/// Bytes of a tensor's raw_data that still live in the model file: `length` bytes at `offset`.
+struct FileRange {
+  std::shared_ptr<const SourceFile> file;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
 class Tensor {
  public:
   /// Takes ownership of a loaded TensorProto. `baseDir` is the folder external data paths are relative to.
   explicit Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir = {});
+  /// A tensor whose raw_data was left in the model file: `proto` has every field but raw_data, and `rawData`
+  /// says where those bytes are. They are read (and cached) only when someone asks for them.
+  Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir, FileRange rawData);
 
   /// A new tensor from double values, rounded once to `type` (float, double, float16 or bfloat16).
   static Tensor fromDoubles(std::string name, DataType type, std::vector<int64_t> dims,
@@ -100,12 +126,17 @@ class Tensor {
   // Used by the writer to lend the proto to a ModelProto for serialization without copying it.
   std::unique_ptr<onnx::TensorProto> lendProto() { return std::move(proto_); }
   void returnProto(std::unique_ptr<onnx::TensorProto> proto) { proto_ = std::move(proto); }
-  /// Drop a cached copy of external bytes (the writer streams them instead).
+  /// Drop a cached copy of bytes that can be read again (external data, deferred raw_data).
   void releaseCachedBytes() const;
+  /// Where raw_data still lies in the model file, or null when the proto holds its data itself.
+  const FileRange* deferredRawData() const { return deferred_ ? &*deferred_ : nullptr; }
+  /// Reads deferred raw_data into the proto, so the proto alone is complete.
+  void materialize();
 
  private:
   std::unique_ptr<onnx::TensorProto> proto_;
   std::string baseDir_;
+  std::optional<FileRange> deferred_;
   mutable std::string packedBytes_;  // only for typed fields or external data
   mutable bool packedBytesReady_ = false;
 };

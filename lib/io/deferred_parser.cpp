@@ -1,0 +1,134 @@
+#include "deferred_parser.h"
+
+#include <unistd.h>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
+
+namespace bnfold {
+namespace {
+
+using google::protobuf::io::CodedInputStream;
+using google::protobuf::io::CodedOutputStream;
+using google::protobuf::io::StringOutputStream;
+using WireFormat = google::protobuf::internal::WireFormatLite;
+
+constexpr int kModelGraphField = 7;     // ModelProto.graph
+constexpr int kGraphInitializerField = 5;  // GraphProto.initializer
+constexpr int kTensorRawDataField = 9;  // TensorProto.raw_data
+
+bool isLengthDelimited(uint32_t tag) {
+  return WireFormat::GetTagWireType(tag) == WireFormat::WIRETYPE_LENGTH_DELIMITED;
+}
+
+class Parser {
+ public:
+  Parser(CodedInputStream& input, std::shared_ptr<const SourceFile> file, std::string baseDir)
+      : in_(input), file_(std::move(file)), baseDir_(std::move(baseDir)) {}
+
+  bool parseModel(DeferredModel& out) {
+    std::string shellBytes, graphBytes;
+    bool sawGraph = false;
+    {
+      StringOutputStream shellStream(&shellBytes);
+      CodedOutputStream shell(&shellStream);
+      for (uint32_t tag; (tag = in_.ReadTag()) != 0;) {
+        if (WireFormat::GetTagFieldNumber(tag) == kModelGraphField && isLengthDelimited(tag)) {
+          // Protobuf merges repeated occurrences of a message field; leave that rare case to protobuf.
+          if (sawGraph) return false;
+          sawGraph = true;
+          if (!withLimit([&] { return parseGraph(graphBytes, out.mainInitializers); })) return false;
+        } else if (!WireFormat::SkipField(&in_, tag, &shell)) {
+          return false;
+        }
+      }
+      if (!in_.ConsumedEntireMessage()) return false;
+    }
+    if (!out.proto.ParseFromString(shellBytes)) return false;
+    if (sawGraph && !out.proto.mutable_graph()->ParseFromString(graphBytes)) return false;
+    return true;
+  }
+
+ private:
+  // Runs `parse` inside the length-delimited field whose length comes next.
+  template <typename F>
+  bool withLimit(F parse) {
+    uint32_t length;
+    if (!in_.ReadVarint32(&length)) return false;
+    const auto limit = in_.PushLimit(static_cast<int>(length));
+    if (!parse() || !in_.ConsumedEntireMessage()) return false;
+    in_.PopLimit(limit);
+    return true;
+  }
+
+  bool parseGraph(std::string& graphBytes, std::vector<std::unique_ptr<Tensor>>& initializers) {
+    StringOutputStream graphStream(&graphBytes);
+    CodedOutputStream graph(&graphStream);
+    for (uint32_t tag; (tag = in_.ReadTag()) != 0;) {
+      if (WireFormat::GetTagFieldNumber(tag) == kGraphInitializerField && isLengthDelimited(tag)) {
+        std::unique_ptr<Tensor> tensor;
+        if (!withLimit([&] { return parseTensor(tensor); })) return false;
+        initializers.push_back(std::move(tensor));
+      } else if (!WireFormat::SkipField(&in_, tag, &graph)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  bool parseTensor(std::unique_ptr<Tensor>& tensor) {
+    std::string tensorBytes;
+    std::optional<FileRange> rawData;
+    {
+      StringOutputStream tensorStream(&tensorBytes);
+      CodedOutputStream fields(&tensorStream);
+      for (uint32_t tag; (tag = in_.ReadTag()) != 0;) {
+        if (WireFormat::GetTagFieldNumber(tag) == kTensorRawDataField && isLengthDelimited(tag)) {
+          uint32_t length;
+          if (!in_.ReadVarint32(&length)) return false;
+          if (length >= kDeferredRawDataThreshold) {
+            const int64_t offset = in_.CurrentPosition();
+            if (!in_.Skip(static_cast<int>(length))) return false;
+            rawData = FileRange{file_, offset, length};
+          } else {
+            std::string bytes;
+            if (!in_.ReadString(&bytes, static_cast<int>(length))) return false;
+            WireFormat::WriteBytes(kTensorRawDataField, bytes, &fields);
+            rawData.reset();  // a later raw_data replaces an earlier one
+          }
+        } else if (!WireFormat::SkipField(&in_, tag, &fields)) {
+          return false;
+        }
+      }
+    }
+    auto proto = std::make_unique<onnx::TensorProto>();
+    if (!proto->ParseFromString(tensorBytes)) return false;
+    if (rawData) {
+      proto->clear_raw_data();
+      tensor = std::make_unique<Tensor>(std::move(proto), baseDir_, std::move(*rawData));
+    } else {
+      tensor = std::make_unique<Tensor>(std::move(proto), baseDir_);
+    }
+    return true;
+  }
+
+  CodedInputStream& in_;
+  std::shared_ptr<const SourceFile> file_;
+  std::string baseDir_;
+};
+
+}  // namespace
+
+bool parseDeferred(int fd, const std::string& path, const std::string& baseDir, DeferredModel& out) {
+  const int ownFd = ::dup(fd);  // the tensors keep the file open for as long as they need it
+  if (ownFd < 0) return false;
+  auto file = std::make_shared<const SourceFile>(ownFd, path);
+  google::protobuf::io::FileInputStream stream(fd, 1 << 20);
+  CodedInputStream input(&stream);
+  Parser parser(input, file, baseDir);
+  return parser.parseModel(out);
+}
+
+}  // namespace bnfold
