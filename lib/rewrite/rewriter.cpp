@@ -217,6 +217,8 @@ void Rewriter::retireValue(Value* value) {
                          graph.valueInfo_.end());
   value->producer_ = nullptr;
   value->name_.clear();
+  // Bytes read from the model file for a replaced weight are not needed again until the end of the run.
+  if (value->initializer_) value->initializer_->releaseCachedBytes();
   if (std::find(dirtyGraphs_.begin(), dirtyGraphs_.end(), &graph) == dirtyGraphs_.end()) dirtyGraphs_.push_back(&graph);
 }
 

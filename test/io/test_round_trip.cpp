@@ -262,3 +262,41 @@ TEST_CASE("every sample model round-trips byte for byte", "[io][round-trip]") {
     CHECK(readFile(dir.file("out.onnx")) == readFile(entry.path().string()));
   }
 }
+
+TEST_CASE("large raw_data stays in the file until read, and is spliced back on save", "[io][deferred]") {
+  TempDir dir;
+  onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (float[4096] x) => (float[4096] y)
+<float[4096] big = {0}, float[2] small = {1, 2}>
+{
+  t = Mul (x, big)
+  y = Mul (t, small)
+}
+)ONNX");
+  std::vector<float> values(4096);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f - 7.0f;
+  auto* big = proto.mutable_graph()->mutable_initializer(0);
+  big->clear_float_data();
+  big->set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
+  big->set_doc_string("stays");
+  std::string bytes;
+  proto.SerializeToString(&bytes);
+  writeFile(dir.file("in.onnx"), bytes);
+
+  LoadOptions keepNames;
+  keepNames.nameUnnamedNodes = false;
+  auto model = loadModel(dir.file("in.onnx"), keepNames);
+  const Tensor* loaded = model->graph().findLocal("big")->initializer();
+  REQUIRE(loaded->deferredRawData() != nullptr);
+  CHECK(loaded->deferredRawData()->length == 4096 * 4);
+  CHECK(model->graph().findLocal("small")->initializer()->deferredRawData() == nullptr);
+  CHECK(loaded->proto().raw_data().empty());
+  CHECK(loaded->toDoubles()[3] == Approx(-5.5));
+  saveModel(*model, dir.file("out.onnx"));
+  CHECK(readFile(dir.file("out.onnx")) == bytes);
+  // modelToProto gives complete protos.
+  onnx::ModelProto copy = modelToProto(*model);
+  CHECK(copy.graph().initializer(0).raw_data() == big->raw_data());
+  CHECK(google::protobuf::util::MessageDifferencer::Equals(copy, proto));
+}
