@@ -125,8 +125,11 @@ class ModelReader {
     }
     proto.clear_output();
     for (auto& info : *proto.mutable_value_info()) {
-      // value_info may describe names that no longer exist; keep it as it is (value stays null).
-      graph.valueInfo_.push_back({graph.lookup(info.name()), {}});
+      // value_info may describe names that do not exist here, or repeat one: keep those as they are, unlinked.
+      Value* value = graph.findLocal(info.name());
+      if (value && value->valueInfoIndex_ >= 0) value = nullptr;
+      if (value) value->valueInfoIndex_ = static_cast<int>(graph.valueInfo_.size());
+      graph.valueInfo_.push_back({value, {}});
       graph.valueInfo_.back().info.Swap(&info);
     }
     proto.clear_value_info();

@@ -75,6 +75,7 @@ class ModelWriter {
                             google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>& out) {
     out.Reserve(static_cast<int>(entries.size()));
     for (const ValueInfoEntry& entry : entries) {
+      if (entry.removed) continue;
       onnx::ValueInfoProto* info = out.Add();
       *info = entry.info;
       if (entry.value) info->set_name(entry.value->name());

@@ -75,6 +75,20 @@ const Tensor* Value::constantTensor() const {
   return producer_->derivedConstant_.get();
 }
 
+const onnx::TypeProto* Value::declaredType() const {
+  if (valueInfoIndex_ >= 0) {
+    const ValueInfoEntry& entry = graph_->valueInfo()[static_cast<std::size_t>(valueInfoIndex_)];
+    if (!entry.removed && entry.info.has_type()) return &entry.info.type();
+  }
+  if (graphInput_)
+    for (const ValueInfoEntry& entry : graph_->inputs())
+      if (entry.value == this && entry.info.has_type()) return &entry.info.type();
+  if (graphOutput_)
+    for (const ValueInfoEntry& entry : graph_->outputs())
+      if (entry.value == this && entry.info.has_type()) return &entry.info.type();
+  return nullptr;
+}
+
 Graph::Graph(Model* model, Graph* parent, Node* owner) : model_(model), parent_(parent), owner_(owner) {}
 Graph::~Graph() = default;
 

@@ -135,13 +135,14 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
   // `to` takes `from`'s name; graph outputs and value_info follow the value.
   const std::string oldName = to->name_;
   graph.valuesByName_.erase(oldName);
-  graph.valueInfo_.erase(std::remove_if(graph.valueInfo_.begin(), graph.valueInfo_.end(),
-                                        [&](const ValueInfoEntry& e) { return e.value == to; }),
-                         graph.valueInfo_.end());
-  for (auto& entry : graph.valueInfo_)
-    if (entry.value == from) entry.value = to;
-  for (auto& entry : graph.outputs_)
-    if (entry.value == from) entry.value = to;
+  // `to`'s own value_info described its old name; `from`'s entry now describes `to`.
+  if (to->valueInfoIndex_ >= 0) graph.valueInfo_[static_cast<std::size_t>(to->valueInfoIndex_)].removed = true;
+  to->valueInfoIndex_ = from->valueInfoIndex_;
+  if (to->valueInfoIndex_ >= 0) graph.valueInfo_[static_cast<std::size_t>(to->valueInfoIndex_)].value = to;
+  from->valueInfoIndex_ = -1;
+  if (from->graphOutput_)
+    for (auto& entry : graph.outputs_)
+      if (entry.value == from) entry.value = to;
   to->graphOutput_ = from->graphOutput_;
   from->graphOutput_ = false;
   to->name_ = from->name_;
@@ -212,9 +213,10 @@ void Rewriter::retireValue(Value* value) {
   Graph& graph = *value->graph_;
   auto it = graph.valuesByName_.find(value->name_);
   if (it != graph.valuesByName_.end() && it->second == value) graph.valuesByName_.erase(it);
-  graph.valueInfo_.erase(std::remove_if(graph.valueInfo_.begin(), graph.valueInfo_.end(),
-                                        [&](const ValueInfoEntry& e) { return e.value == value; }),
-                         graph.valueInfo_.end());
+  if (value->valueInfoIndex_ >= 0) {
+    graph.valueInfo_[static_cast<std::size_t>(value->valueInfoIndex_)].removed = true;
+    value->valueInfoIndex_ = -1;
+  }
   value->producer_ = nullptr;
   value->name_.clear();
   // Bytes read from the model file for a replaced weight are not needed again until the end of the run.
@@ -230,6 +232,11 @@ void Rewriter::record(const std::string& section, nlohmann::json entry) {
 void Rewriter::finish() {
   // Retired values have an empty name; initializers and values are compacted in one pass per graph.
   for (Graph* graph : dirtyGraphs_) {
+    auto& infos = graph->valueInfo_;
+    infos.erase(std::remove_if(infos.begin(), infos.end(), [](const ValueInfoEntry& e) { return e.removed; }),
+                infos.end());
+    for (std::size_t i = 0; i < infos.size(); ++i)
+      if (infos[i].value) infos[i].value->valueInfoIndex_ = static_cast<int>(i);
     auto& inits = graph->initializers_;
     inits.erase(std::remove_if(inits.begin(), inits.end(), [](const Value* v) { return v->name_.empty(); }),
                 inits.end());

@@ -48,6 +48,10 @@ class Value {
   Tensor* initializer() const { return initializer_.get(); }
   bool isSparseInitializer() const { return sparseInitializer_; }
 
+  /// The type declared for this value by its graph's value_info, inputs or outputs (in that order), or null.
+  /// Constant time for value_info; graph inputs/outputs are looked up in their (short) lists.
+  const onnx::TypeProto* declaredType() const;
+
   /// The constant tensor behind this value: an initializer, or the `value` of a Constant node. Null
   /// otherwise. Whether an initializer that is also a graph input counts as constant is the caller's
   /// policy (see Graph::constantOf).
@@ -67,6 +71,7 @@ class Value {
   bool graphInput_ = false;
   bool graphOutput_ = false;
   bool sparseInitializer_ = false;
+  int valueInfoIndex_ = -1;  // this value's entry in graph_->valueInfo_, or -1
   std::unique_ptr<Tensor> initializer_;
 };
 
@@ -135,8 +140,9 @@ class Node {
 
 /// A graph input, output or value_info entry: the proto (type, doc string) plus the value it describes.
 struct ValueInfoEntry {
-  Value* value;
+  Value* value;               ///< null when the entry names nothing in this graph (kept as it is)
   onnx::ValueInfoProto info;  // its name is refreshed from value->name() on save
+  bool removed = false;       ///< its value went away; dropped when the rewriter finishes
 };
 
 class Graph {
