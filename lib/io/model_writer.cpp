@@ -160,7 +160,33 @@ void writeAll(int fd, const char* data, std::size_t size, const std::string& pat
   }
 }
 
-// Appends a tensor's bytes to the data file, streaming external sources in chunks.
+// Copies `range` to the end of `fd` in the kernel (copy_file_range), falling back to a buffer where the
+// kernel cannot copy between these files.
+void copyFileRange(const FileRange& range, int fd, const std::string& path) {
+  loff_t in = range.offset;
+  int64_t remaining = range.length;
+  while (remaining > 0) {
+    const ssize_t n = copy_file_range(range.file->fd(), &in, fd, nullptr, static_cast<std::size_t>(remaining), 0);
+    if (n > 0) {
+      remaining -= n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) throw Error(range.file->path(), "the file is shorter than when it was loaded");
+    break;
+  }
+  std::vector<char> chunk(static_cast<std::size_t>(std::min<int64_t>(remaining, 8 << 20)));
+  while (remaining > 0) {
+    const ssize_t n = ::pread(range.file->fd(), chunk.data(), std::min<std::size_t>(chunk.size(), remaining), in);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(range.file->path(), "the file is shorter than when it was loaded");
+    writeAll(fd, chunk.data(), static_cast<std::size_t>(n), path);
+    in += n;
+    remaining -= n;
+  }
+}
+
+// Appends a tensor's bytes to the data file; external sources are copied file to file.
 void appendTensorData(const Tensor& tensor, int fd, const std::string& dataPath) {
   if (!tensor.isExternal()) {
     const std::string_view bytes = tensor.bytes();
@@ -169,18 +195,10 @@ void appendTensorData(const Tensor& tensor, int fd, const std::string& dataPath)
   }
   const ExternalDataRef ref = tensor.externalData();
   const fs::path source = fs::path(tensor.baseDir().empty() ? "." : tensor.baseDir()) / ref.location;
-  std::ifstream in(source, std::ios::binary);
-  if (!in) throw Error(source.string(), "cannot open external data of tensor '" + tensor.name() + "'");
-  in.seekg(ref.offset);
-  int64_t remaining = tensor.byteSize();
-  std::vector<char> chunk(static_cast<std::size_t>(std::min<int64_t>(remaining, 8 << 20)));
-  while (remaining > 0) {
-    const auto n = static_cast<std::streamsize>(std::min<int64_t>(remaining, static_cast<int64_t>(chunk.size())));
-    in.read(chunk.data(), n);
-    if (in.gcount() != n) throw Error(source.string(), "external data of tensor '" + tensor.name() + "' ends early");
-    writeAll(fd, chunk.data(), static_cast<std::size_t>(n), dataPath);
-    remaining -= n;
-  }
+  const int sourceFd = ::open(source.c_str(), O_RDONLY | O_CLOEXEC);
+  if (sourceFd < 0) throw Error(source.string(), "cannot open external data of tensor '" + tensor.name() + "'");
+  auto file = std::make_shared<const SourceFile>(sourceFd, source.string());
+  copyFileRange(FileRange{file, ref.offset, tensor.byteSize()}, fd, dataPath);
 }
 
 void setExternalLocation(onnx::TensorProto& proto, const std::string& location, int64_t offset, int64_t length) {
@@ -228,20 +246,7 @@ class OutputWriter {
 
   void copyRange(const FileRange& range) {
     flush();
-    loff_t in = range.offset;
-    int64_t remaining = range.length;
-    while (remaining > 0) {
-      const ssize_t n = copy_file_range(range.file->fd(), &in, fd_, nullptr, static_cast<std::size_t>(remaining), 0);
-      if (n > 0) {
-        remaining -= n;
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n == 0) throw Error(range.file->path(), "the model file is shorter than when it was loaded");
-      // Not supported between these files (e.g. across file systems on old kernels): copy through a buffer.
-      copyThroughBuffer(range.file->fd(), in, remaining, range.file->path());
-      return;
-    }
+    copyFileRange(range, fd_, path_);
   }
 
   void flush() {
@@ -250,18 +255,6 @@ class OutputWriter {
   }
 
  private:
-  void copyThroughBuffer(int source, int64_t offset, int64_t remaining, const std::string& sourcePath) {
-    std::vector<char> chunk(static_cast<std::size_t>(std::min<int64_t>(remaining, 8 << 20)));
-    while (remaining > 0) {
-      const ssize_t n = ::pread(source, chunk.data(), std::min<std::size_t>(chunk.size(), remaining), offset);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw Error(sourcePath, "the model file is shorter than when it was loaded");
-      writeAll(fd_, chunk.data(), static_cast<std::size_t>(n), path_);
-      offset += n;
-      remaining -= n;
-    }
-  }
-
   static constexpr std::size_t kBufferSize = 1 << 20;
   int fd_;
   std::string path_;
@@ -380,7 +373,7 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
   std::vector<Tensor*> inlineTensors;
   int64_t inlineBytes = 0;
   for (Tensor* tensor : writer.allTensors()) {
-    if (tensor->isExternal()) {
+    if (tensor->isExternal() || tensor->prefersExternal()) {
       toExternal.push_back(tensor);
     } else {
       inlineTensors.push_back(tensor);

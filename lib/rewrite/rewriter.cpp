@@ -7,7 +7,11 @@
 
 namespace bnfold {
 
-Rewriter::Rewriter(Model& model, Report& report) : model_(model), report_(report) {}
+Rewriter::Rewriter(Model& model, Report& report) : model_(model), report_(report) {
+  for (Graph* graph : model_.allGraphs())
+    for (const Value* value : graph->initializers())
+      if (value->initializer()->isExternal()) modelUsesExternalData_ = true;
+}
 Rewriter::~Rewriter() { finish(); }
 
 void Rewriter::touch(Node* node) {
@@ -24,6 +28,8 @@ Value* Rewriter::addInitializer(const Graph& constGraph, Tensor tensor, const st
   auto& graph = const_cast<Graph&>(constGraph);
   const std::string name = model_.uniqueValueName(nameHint);
   tensor.setName(name);
+  // A model that keeps its weights in external data gets its new weights there too (as onnx does, from 1 KiB).
+  if (modelUsesExternalData_ && tensor.byteSize() >= 1024) tensor.setPreferExternal(true);
   Value* value = graph.newValue(name);
   value->initializer_ = std::make_unique<Tensor>(std::move(tensor));
   graph.initializers_.push_back(value);
@@ -149,7 +155,7 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
   graph.valuesByName_[to->name_] = to;
   // `from` stays owned by the graph until finish(); it must not be found by name any more.
   from->name_.clear();
-  dirtyGraphs_.push_back(&graph);
+  markDirty(graph);
   if (to->producer_) touch(to->producer_);
   if (oldProducer) {
     // The remaining outputs of the old producer must be unread for it to go.
@@ -221,6 +227,11 @@ void Rewriter::retireValue(Value* value) {
   value->name_.clear();
   // Bytes read from the model file for a replaced weight are not needed again until the end of the run.
   if (value->initializer_) value->initializer_->releaseCachedBytes();
+  markDirty(graph);
+}
+
+void Rewriter::markDirty(Graph& graph) {
+  // Each graph is compacted once in finish(), however many values it lost.
   if (std::find(dirtyGraphs_.begin(), dirtyGraphs_.end(), &graph) == dirtyGraphs_.end()) dirtyGraphs_.push_back(&graph);
 }
 

@@ -98,6 +98,10 @@ class Tensor {
   int64_t rank() const { return proto_->dims_size(); }
   int64_t elementCount() const;
   bool isExternal() const;
+  /// Written to the output's external data file even though it is held in memory (new weights of a model
+  /// whose weights are external).
+  bool prefersExternal() const { return preferExternal_; }
+  void setPreferExternal(bool prefer) { preferExternal_ = prefer; }
   /// The external-data reference (only meaningful when isExternal()).
   ExternalDataRef externalData() const;
   const std::string& baseDir() const { return baseDir_; }
@@ -137,6 +141,7 @@ class Tensor {
   std::unique_ptr<onnx::TensorProto> proto_;
   std::string baseDir_;
   std::optional<FileRange> deferred_;
+  bool preferExternal_ = false;
   mutable std::string packedBytes_;  // only for typed fields or external data
   mutable bool packedBytesReady_ = false;
 };

@@ -65,10 +65,12 @@ class Rewriter {
   void removeUse(Value* value, Node* node, int slot);
   void dropIfDeadConstant(Value* value);
   void retireValue(Value* value);
+  void markDirty(Graph& graph);
 
   Model& model_;
   Report& report_;
   const Rule* rule_ = nullptr;
+  bool modelUsesExternalData_ = false;
   std::vector<Node*> touched_;
   std::vector<std::unique_ptr<Node>> erasedNodes_;
   std::vector<Graph*> dirtyGraphs_;
