@@ -1,29 +1,40 @@
 // `bnfold fold IN -o OUT`: load, run the selected rules, save atomically, write the report.
+// `bnfold fold IN... --out-dir DIR | --in-place`: the same for many models (files, and folders searched for
+// *.onnx), in parallel; one bad model does not stop the others.
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 
 #include <spdlog/spdlog.h>
 
+#include "batch.h"
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
 #include "bnfold/report/report.h"
 #include "bnfold/rewrite/driver.h"
 #include "commands.h"
+#include "output.h"
 
 namespace bnfold::cli {
 namespace fs = std::filesystem;
 namespace {
 
 struct FoldOptions {
-  std::string input;
+  std::vector<std::string> inputs;
   std::string output;
   std::string report;
-  std::string rules = "default";
-  std::vector<std::string> keepNodes;
-  std::vector<std::string> keepOps;
-  bool inputDefaultsAreConstant = false;
-  bool freezeTrainingBatchNorm = false;
+  std::string outDir;
+  std::string reportDir;
+  bool inPlace = false;
+  std::string backupSuffix;
+  bool dryRun = false;
+  unsigned jobs = 0;
+  RuleFlags ruleFlags;
+  bool quiet = false;    // from the global -q
+  bool verbose = false;  // from the global -v
 };
 
 bool sameFile(const std::string& a, const std::string& b) {
@@ -31,32 +42,47 @@ bool sameFile(const std::string& a, const std::string& b) {
   return fs::exists(a, ec) && fs::exists(b, ec) && fs::equivalent(a, b, ec);
 }
 
-std::string listRules() {
-  std::string text = "Rules (default marked *):\n";
-  for (const auto& rule : builtinRules())
-    text += std::string("  ") + (rule->enabledByDefault() ? "* " : "  ") + rule->name() + "  " + rule->summary() + "\n";
-  return text;
-}
-
-int runFold(const FoldOptions& options) {
-  DriverOptions driverOptions;
-  try {
-    driverOptions.rules = parseRuleSelection(options.rules);
-  } catch (const std::invalid_argument& e) {
-    throw Error("", std::string("--rules: ") + e.what());
+struct Counts {
+  std::size_t folded = 0, expanded = 0, skipped = 0, other = 0;
+  void add(const Counts& more) {
+    folded += more.folded;
+    expanded += more.expanded;
+    skipped += more.skipped;
+    other += more.other;
   }
-  driverOptions.ruleOptions.keepNodes = options.keepNodes;
-  driverOptions.ruleOptions.keepOps = options.keepOps;
-  driverOptions.ruleOptions.inputDefaultsAreConstant = options.inputDefaultsAreConstant;
-  driverOptions.ruleOptions.freezeTrainingBatchNorm = options.freezeTrainingBatchNorm;
-  if (sameFile(options.input, options.output))
-    throw Error(options.output, "the output would overwrite the input model; choose another -o path");
+  static Counts of(const Report& report) {
+    Counts counts;
+    counts.folded = report.section("folds").size();
+    counts.expanded = report.section("expanded").size();
+    counts.skipped = report.section("skipped").size();
+    counts.other = report.rewriteCount() - counts.folded - counts.expanded;
+    return counts;
+  }
+  std::string text() const {
+    return std::to_string(folded) + " BN folded, " + std::to_string(expanded) + " expanded, " +
+           std::to_string(skipped) + " skipped, " + std::to_string(other) + " other rewrites";
+  }
+};
 
-  auto model = loadModel(options.input);
+// ---- one model, one output (the original form of the command) ----
+
+int runSingle(const FoldOptions& options) {
+  DriverOptions driverOptions = driverOptionsFrom(options.ruleFlags);
+  const std::string& input = options.inputs.front();
+  if (!options.dryRun && sameFile(input, options.output))
+    throw Error(options.output, "the output would overwrite the input model; choose another -o path (or --in-place)");
+
+  auto model = loadModel(input);
   Report report;
-  report.setInput(options.input);
+  report.setInput(input);
   report.setOutput(options.output);
   runRules(*model, driverOptions, report);
+  if (options.dryRun) {
+    std::cout << "dry-run " << input << " -> " << options.output << ": " << Counts::of(report).text()
+              << " (nothing written)\n";
+    if (options.report == "-") std::cout << report.dump();
+    return kExitOk;
+  }
   saveModel(*model, options.output);
   if (!options.report.empty()) {
     try {
@@ -74,25 +100,239 @@ int runFold(const FoldOptions& options) {
   return kExitOk;
 }
 
+// ---- many models ----
+
+struct Planned {
+  ModelFile model;
+  std::string output;  // empty: no model is written (dry run without a destination)
+  std::string report;  // empty: no report
+};
+
+struct Outcome {
+  bool ok = false;
+  bool unchanged = false;  // --in-place and no rule changed anything: the file was left alone
+  std::string error;
+  Counts counts;
+};
+
+std::string reportNameFor(const std::string& modelPath) {
+  fs::path path(modelPath);
+  if (path.extension() == ".onnx") return path.replace_extension(".report.json").string();
+  return modelPath + ".report.json";
+}
+
+std::vector<Planned> plan(const FoldOptions& options, const std::vector<ModelFile>& models) {
+  std::vector<Planned> planned;
+  for (const ModelFile& model : models) {
+    Planned item{model, "", ""};
+    if (!options.outDir.empty()) item.output = (fs::path(options.outDir) / model.relative).string();
+    else if (options.inPlace) item.output = model.path;
+    if (!options.reportDir.empty()) item.report = reportNameFor((fs::path(options.reportDir) / model.relative).string());
+    else if (!item.output.empty()) item.report = reportNameFor(item.output);
+    planned.push_back(std::move(item));
+  }
+  // Two inputs with the same relative path (from different folders) would overwrite each other's results.
+  std::map<std::string, std::string> writers;
+  for (const Planned& item : planned) {
+    for (const std::string* target : {&item.output, &item.report}) {
+      if (target->empty() || options.inPlace) continue;
+      auto [it, fresh] = writers.emplace(fs::path(*target).lexically_normal().string(), item.model.path);
+      if (!fresh)
+        throw Error("", "'" + it->second + "' and '" + item.model.path + "' would both be written to '" + *target +
+                            "'; process them in separate runs");
+    }
+  }
+  return planned;
+}
+
+// Copies `from` over `to` through a temporary file in `to`'s folder, so `to` is always complete.
+void copyFileAtomically(const fs::path& from, const fs::path& to) {
+  const fs::path temp = to.string() + ".bnfold-tmp";
+  std::error_code ec;
+  fs::copy_file(from, temp, fs::copy_options::overwrite_existing, ec);
+  if (!ec) fs::rename(temp, to, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(temp, ignored);
+    throw Error(to.string(), "cannot write the backup: " + ec.message());
+  }
+}
+
+Outcome foldOne(const Planned& item, const FoldOptions& options, const DriverOptions& driverOptions) {
+  Outcome outcome;
+  try {
+    const std::string& input = item.model.path;
+    if (!options.inPlace && !item.output.empty() && sameFile(input, item.output))
+      throw Error(input, "the output '" + item.output + "' is the input itself; use --in-place to replace it");
+    auto model = loadModel(input);
+    Report report;
+    report.setInput(input);
+    if (!item.output.empty()) report.setOutput(item.output);
+    runRules(*model, driverOptions, report);
+    outcome.counts = Counts::of(report);
+    outcome.unchanged = options.inPlace && report.rewriteCount() == 0;
+    if (!options.dryRun) {
+      if (options.inPlace) {
+        if (!outcome.unchanged) {
+          if (!options.backupSuffix.empty()) {
+            copyFileAtomically(input, input + options.backupSuffix);
+            // saveModel replaces "<model>.data" when the model keeps tensors outside: back that up too.
+            const std::string dataFile = input + ".data";
+            std::error_code ec;
+            if (fs::is_regular_file(dataFile, ec)) copyFileAtomically(dataFile, dataFile + options.backupSuffix);
+          }
+          saveModel(*model, item.output);
+        }
+      } else if (!item.output.empty()) {
+        fs::create_directories(fs::path(item.output).parent_path());
+        saveModel(*model, item.output);
+      }
+      if (!item.report.empty()) {
+        try {
+          fs::create_directories(fs::path(item.report).parent_path());
+          report.write(item.report);
+        } catch (...) {
+          // As for one model: a result is complete with its report or not at all (in place, the new model
+          // stays: the original is gone already, and only the backup, if any, still has it).
+          std::error_code ec;
+          if (!options.inPlace) fs::remove(item.output, ec);
+          throw;
+        }
+      }
+    }
+    outcome.ok = true;
+  } catch (...) {
+    outcome.ok = false;
+    outcome.error = currentErrorMessage(item.model.path);
+  }
+  return outcome;
+}
+
+std::string modelLine(std::size_t index, std::size_t total, const Planned& item, const Outcome& outcome,
+                      const FoldOptions& options) {
+  std::string line = "[" + std::to_string(index + 1) + "/" + std::to_string(total) + "] ";
+  if (!outcome.ok) return line + "failed    " + item.model.path + ": " + outcome.error;
+  const char* status = options.dryRun ? "dry-run   " : outcome.unchanged ? "unchanged " : "ok        ";
+  line += status + item.model.path;
+  if (!item.output.empty() && item.output != item.model.path) line += " -> " + item.output;
+  return line + ": " + outcome.counts.text();
+}
+
+int runBatch(const FoldOptions& options) {
+  const DriverOptions driverOptions = driverOptionsFrom(options.ruleFlags);
+  const auto started = std::chrono::steady_clock::now();
+  const std::vector<Planned> items = plan(options, collectModelFiles(options.inputs, {options.outDir, options.reportDir}));
+  const unsigned jobs = effectiveJobs(options.jobs);
+
+  // A dry run's lines are its result (stdout); a real run's are progress (stderr).
+  std::FILE* stream = options.dryRun ? stdout : stderr;
+  const bool quiet = options.quiet && !options.dryRun;
+  const bool useBar = !options.dryRun && !quiet && !options.verbose && isTerminal(stderr);
+  ProgressBar bar(stderr, items.size());
+  std::vector<Outcome> outcomes(items.size());
+  std::size_t finishedCount = 0;
+  InOrder printer(items.size(), [&](std::size_t i) {
+    if (useBar || (quiet && outcomes[i].ok)) return;
+    std::fprintf(stream, "%s\n", modelLine(i, items.size(), items[i], outcomes[i], options).c_str());
+    std::fflush(stream);
+  });
+  runInParallel(
+      items.size(), jobs, [&](std::size_t i) { outcomes[i] = foldOne(items[i], options, driverOptions); },
+      [&](std::size_t i) {
+        ++finishedCount;
+        if (useBar) bar.update(finishedCount, items[i].model.path);
+        printer.finished(i);
+      });
+  if (useBar) bar.clear();
+
+  Counts total;
+  std::vector<std::size_t> failed;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    total.add(outcomes[i].counts);
+    if (!outcomes[i].ok) failed.push_back(i);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (!quiet) {
+    std::fprintf(stream, "%s%zu %s: %zu ok, %zu failed; %s; %s with %u jobs\n",
+                 options.dryRun ? "dry run, nothing written: " : "", items.size(), items.size() == 1 ? "model" : "models",
+                 items.size() - failed.size(),
+                 failed.size(), total.text().c_str(), formatDuration(seconds).c_str(), jobs);
+  }
+  // Name the failures last, so they are the lines a user sees, even with -q or behind a progress bar.
+  for (std::size_t i : failed)
+    std::fprintf(stream, "failed: %s: %s\n", items[i].model.path.c_str(), outcomes[i].error.c_str());
+  std::fflush(stream);
+  return failed.empty() ? kExitOk : kExitInvalid;
+}
+
+int runFold(const FoldOptions& options) {
+  const bool batchDestination = !options.outDir.empty() || options.inPlace;
+  if (!options.output.empty() && batchDestination)
+    throw Error("", "-o/--output names one output file; it cannot be combined with --out-dir or --in-place");
+  if (!options.outDir.empty() && options.inPlace) throw Error("", "choose one of --out-dir and --in-place");
+  if (!options.backupSuffix.empty() && !options.inPlace) throw Error("", "--backup-suffix only applies to --in-place");
+  if (!options.output.empty()) {
+    if (options.inputs.size() != 1)
+      throw Error("", "-o/--output takes one input model; for several, use --out-dir DIR or --in-place");
+    std::error_code ec;
+    if (fs::is_directory(options.inputs.front(), ec))
+      throw Error(options.inputs.front(), "this is a folder; -o/--output names one model file: use --out-dir DIR");
+    if (!options.reportDir.empty()) throw Error("", "--report-dir is for several models; with -o use --report FILE");
+    return runSingle(options);
+  }
+  if (!options.report.empty())
+    throw Error("", "--report names one file; with --out-dir or --in-place each model gets its own report "
+                    "(beside the model, or under --report-dir)");
+  if (!batchDestination && !options.dryRun)
+    throw Error("", "say where to write: -o/--output FILE for one model, --out-dir DIR or --in-place for many "
+                    "(or --dry-run to only show what would be done)");
+  return runBatch(options);
+}
+
+const char* kFoldFooter = R"(
+Examples:
+  bnfold fold model.onnx -o folded.onnx --report report.json
+  bnfold fold models/ --out-dir folded/                 # mirrors models/, a .report.json beside each model
+  bnfold fold a.onnx b.onnx models/ --out-dir out --report-dir reports --jobs 4
+  bnfold fold models/ --in-place --backup-suffix .bak   # atomic replace, originals kept as *.onnx.bak
+  bnfold fold models/ --dry-run                         # show what would be done, write nothing
+
+With several models, each is processed independently: one that fails (unreadable, invalid) is named in the
+final summary and makes the exit code 2, the others are still written. Per-model lines and the summary go to
+stderr (a progress bar instead of the lines on a terminal); with --dry-run they go to stdout.
+
+)";
+
 }  // namespace
 
 CommandRunner addFoldCommand(CLI::App& app) {
   auto options = std::make_shared<FoldOptions>();
-  CLI::App* command = app.add_subcommand("fold", "Rewrite a model and write the result and a JSON report");
-  command->add_option("input", options->input, "ONNX model to rewrite (never modified)")->required();
-  command->add_option("-o,--output", options->output, "Where to write the rewritten model")->required();
-  command->add_option("--report", options->report, "Write the JSON report here ('-' for stdout)");
-  command->add_option("--rules", options->rules,
-                      "Rules to run: default, all, none, a list (bn-fold,bias-add) or changes (+bn-decompose,-scale-fold)")
-      ->capture_default_str();
-  command->add_option("--keep", options->keepNodes, "Node name (glob) no rule may touch; repeatable");
-  command->add_option("--keep-op", options->keepOps, "Op type no rule may touch; repeatable");
-  command->add_flag("--input-defaults-are-constant", options->inputDefaultsAreConstant,
-                    "Treat initializers that are also graph inputs (IR >= 4) as constants");
-  command->add_flag("--freeze-train-bn", options->freezeTrainingBatchNorm,
-                    "Turn training-mode BatchNormalization into inference mode (changes the function)");
-  command->footer(listRules());
-  return [options] { return runFold(*options); };
+  CLI::App* command = app.add_subcommand("fold", "Rewrite models and write the results and JSON reports");
+  command->add_option("inputs", options->inputs,
+                      "ONNX model files, or folders searched recursively for *.onnx (inputs are never modified, "
+                      "except with --in-place)")
+      ->required();
+  command->add_option("-o,--output", options->output, "Where to write the rewritten model (one input)");
+  command->add_option("--report", options->report, "Write the JSON report here ('-' for stdout; one input)");
+  command->add_option("--out-dir", options->outDir, "Write each model under DIR, mirroring the input layout")
+      ->type_name("DIR");
+  command->add_option("--report-dir", options->reportDir,
+                      "Write each model's report under DIR (default: beside the written model)")
+      ->type_name("DIR");
+  command->add_flag("--in-place", options->inPlace, "Replace each input atomically (only when a rule changed it)");
+  command->add_option("--backup-suffix", options->backupSuffix,
+                      "With --in-place, keep each original as <model><SUFFIX> (e.g. .bak)")
+      ->type_name("SUFFIX");
+  command->add_flag("--dry-run", options->dryRun, "Run the rules and show what would be written; write nothing");
+  command->add_option("-j,--jobs", options->jobs, "Models processed in parallel (default: number of cores)")
+      ->check(CLI::NonNegativeNumber);
+  addRuleFlags(*command, options->ruleFlags);
+  command->footer(std::string(kFoldFooter) + ruleListText());
+  return [options, &app] {
+    options->quiet = app.count("--quiet") > 0;
+    options->verbose = app.count("--verbose") > 0;
+    return runFold(*options);
+  };
 }
 
 }  // namespace bnfold::cli

@@ -10,7 +10,7 @@ namespace bnfold::cli {
 /// Exit codes, documented in --help and the README.
 enum ExitCode : int {
   kExitOk = 0,
-  kExitFindings = 1,  ///< `check` found something that fails (reserved for check)
+  kExitFindings = 1,  ///< `check` found something in a --fail-on category
   kExitInvalid = 2,   ///< usage error or invalid input
 };
 
@@ -18,5 +18,6 @@ using CommandRunner = std::function<int()>;
 
 CommandRunner addInfoCommand(CLI::App& app);
 CommandRunner addFoldCommand(CLI::App& app);
+CommandRunner addCheckCommand(CLI::App& app);
 
 }  // namespace bnfold::cli

@@ -44,8 +44,6 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Show the help of every command");
   app.require_subcommand(1);
   app.fallthrough();  // -v/-q are accepted after the subcommand too
-  // Global flags work after the command too: `bnfold fold ... -q`.
-  app.fallthrough();
   int verbosity = 0;
   bool quiet = false;
   app.add_flag("-v,--verbose", verbosity, "More log output on stderr (-vv for debug)");

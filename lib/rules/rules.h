@@ -5,4 +5,12 @@
 
 #include "bnfold/rewrite/rule.h"
 
-namespace bnfold::rules {}  // namespace bnfold::rules
+namespace bnfold::rules {
+std::unique_ptr<Rule> makeFoldBatchNormIntoLayer();    // bn-fold
+std::unique_ptr<Rule> makeFreezeTrainingBatchNorm();   // train-bn-freeze
+std::unique_ptr<Rule> makeExpandTrainingBatchNorm();   // train-bn-expand
+std::unique_ptr<Rule> makeAbsorbAddIntoBias();         // bias-add
+std::unique_ptr<Rule> makeFoldScaleIntoWeights();      // scale-fold
+std::unique_ptr<Rule> makeFoldBatchNormForward();      // bn-forward
+std::unique_ptr<Rule> makeDecomposeBatchNorm();        // bn-decompose (off by default)
+}  // namespace bnfold::rules

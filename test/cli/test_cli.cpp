@@ -22,7 +22,7 @@ std::string readFile(const std::string& path) {
 }
 }  // namespace
 
-TEST_CASE("--version prints the version", "[cli]") {
+TEST_CASE("the version flag prints the version", "[cli]") {
   std::string out;
   CHECK(runCommand(cli("--version"), &out) == 0);
   CHECK(out == std::string("bnfold ") + bnfold::kVersion + "\n");
@@ -96,7 +96,7 @@ TEST_CASE("fold refuses to overwrite its input", "[cli]") {
   CHECK(readFile(dir.file("m.onnx")) == before);
 }
 
-TEST_CASE("-v logs to stderr, -q silences, stdout stays clean", "[cli]") {
+TEST_CASE("verbose logs go to stderr, quiet silences them, stdout stays clean", "[cli]") {
   TempDir dir;
   std::string out, err;
   REQUIRE(runCommand(cli("-v fold " + sample("resnet_block.onnx") + " -o " + dir.file("a.onnx")), &out, &err) == 0);

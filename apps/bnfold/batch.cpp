@@ -1,0 +1,177 @@
+#include "batch.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include "bnfold/error.h"
+
+namespace bnfold::cli {
+namespace fs = std::filesystem;
+
+void addRuleFlags(CLI::App& command, RuleFlags& flags) {
+  command.add_option("--rules", flags.rules,
+                     "Rules to run: default, all, none, a list (bn-fold,bias-add) or changes (+bn-decompose,-scale-fold)")
+      ->capture_default_str();
+  command.add_option("--keep", flags.keepNodes, "Node name (glob) no rule may touch; repeatable");
+  command.add_option("--keep-op", flags.keepOps, "Op type no rule may touch; repeatable");
+  command.add_flag("--input-defaults-are-constant", flags.inputDefaultsAreConstant,
+                   "Treat initializers that are also graph inputs (IR >= 4) as constants");
+  command.add_flag("--freeze-train-bn", flags.freezeTrainingBatchNorm,
+                   "Turn training-mode BatchNormalization into inference mode (changes the function)");
+}
+
+DriverOptions driverOptionsFrom(const RuleFlags& flags) {
+  DriverOptions options;
+  try {
+    options.rules = parseRuleSelection(flags.rules);
+  } catch (const std::invalid_argument& e) {
+    throw Error("", std::string("--rules: ") + e.what());
+  }
+  options.ruleOptions.keepNodes = flags.keepNodes;
+  options.ruleOptions.keepOps = flags.keepOps;
+  options.ruleOptions.inputDefaultsAreConstant = flags.inputDefaultsAreConstant;
+  options.ruleOptions.freezeTrainingBatchNorm = flags.freezeTrainingBatchNorm;
+  return options;
+}
+
+std::string ruleListText() {
+  std::string text = "Rules (default marked *):\n";
+  if (builtinRules().empty()) text += "  (none built in)\n";
+  for (const auto& rule : builtinRules())
+    text += std::string("  ") + (rule->enabledByDefault() ? "* " : "  ") + rule->name() + "  " + rule->summary() + "\n";
+  return text;
+}
+
+namespace {
+
+// The identity used to drop a model reached twice (a file given directly and again through its folder).
+std::string identityOf(const fs::path& path) {
+  std::error_code ec;
+  fs::path canonical = fs::weakly_canonical(path, ec);
+  return ec ? path.lexically_normal().string() : canonical.string();
+}
+
+bool isExcluded(const fs::path& dir, const std::vector<fs::path>& excluded) {
+  std::error_code ec;
+  for (const fs::path& other : excluded)
+    if (fs::equivalent(dir, other, ec)) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<ModelFile> collectModelFiles(const std::vector<std::string>& inputs,
+                                         const std::vector<std::string>& excludedDirs) {
+  std::vector<fs::path> excluded;
+  for (const std::string& dir : excludedDirs) {
+    std::error_code ec;
+    if (!dir.empty() && fs::is_directory(dir, ec)) excluded.emplace_back(dir);
+  }
+  std::vector<ModelFile> files;
+  std::set<std::string> seen;
+  auto add = [&](const fs::path& path, const fs::path& relative) {
+    if (seen.insert(identityOf(path)).second) files.push_back({path.string(), relative.generic_string()});
+  };
+  for (const std::string& input : inputs) {
+    std::error_code ec;
+    if (!fs::is_directory(input, ec)) {
+      add(input, fs::path(input).filename());
+      continue;
+    }
+    const fs::path root(input);
+    std::vector<fs::path> found;
+    fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec), end;
+    if (ec) throw Error(input, "cannot read the folder: " + ec.message());
+    for (; it != end; it.increment(ec)) {
+      if (ec) throw Error(input, "cannot read the folder: " + ec.message());
+      if (it->is_directory(ec)) {
+        if (isExcluded(it->path(), excluded)) it.disable_recursion_pending();
+        continue;
+      }
+      if (it->path().extension() == ".onnx" && it->is_regular_file(ec)) found.push_back(it->path());
+    }
+    std::vector<std::pair<std::string, fs::path>> sorted;
+    for (const fs::path& path : found) sorted.emplace_back(path.lexically_relative(root).generic_string(), path);
+    std::sort(sorted.begin(), sorted.end());
+    if (sorted.empty()) throw Error(input, "no *.onnx file in this folder");
+    for (const auto& [relative, path] : sorted) add(path, relative);
+  }
+  return files;
+}
+
+unsigned effectiveJobs(unsigned requested) {
+  if (requested > 0) return requested;
+  const unsigned cores = std::thread::hardware_concurrency();
+  return cores > 0 ? cores : 1;
+}
+
+void runInParallel(std::size_t count, unsigned jobs, const std::function<void(std::size_t)>& work,
+                   const std::function<void(std::size_t)>& onFinished) {
+  const std::size_t threadCount = std::min<std::size_t>(std::max(jobs, 1u), count);
+  if (threadCount <= 1) {
+    for (std::size_t i = 0; i < count; ++i) {
+      work(i);
+      onFinished(i);
+    }
+    return;
+  }
+  std::mutex mutex;
+  std::condition_variable wakeUp;
+  std::deque<std::size_t> completed;
+  std::size_t nextItem = 0;
+  auto worker = [&] {
+    for (;;) {
+      std::size_t item;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (nextItem == count) return;
+        item = nextItem++;
+      }
+      work(item);
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        completed.push_back(item);
+      }
+      wakeUp.notify_one();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < threadCount; ++t) threads.emplace_back(worker);
+  for (std::size_t reported = 0; reported < count; ++reported) {
+    std::size_t item;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      wakeUp.wait(lock, [&] { return !completed.empty(); });
+      item = completed.front();
+      completed.pop_front();
+    }
+    onFinished(item);
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+void InOrder::finished(std::size_t index) {
+  done_.at(index) = true;
+  while (next_ < done_.size() && done_[next_]) emit_(next_++);
+}
+
+std::string currentErrorMessage(const std::string& path) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return e.file() == path ? e.problem() : e.what();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+}  // namespace bnfold::cli

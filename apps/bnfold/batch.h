@@ -1,0 +1,69 @@
+#pragma once
+// What `fold` and `check` share when they work on many models: the rule flags, turning the command line's files
+// and folders into a sorted list of models, and running independent per-model work on a few threads while the
+// calling thread reports results in input order (so the output does not depend on --jobs).
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "bnfold/rewrite/driver.h"
+
+namespace bnfold::cli {
+
+/// The flags that choose and steer the rules; `fold` and `check` take the same ones so `check` predicts `fold`.
+struct RuleFlags {
+  std::string rules = "default";
+  std::vector<std::string> keepNodes;
+  std::vector<std::string> keepOps;
+  bool inputDefaultsAreConstant = false;
+  bool freezeTrainingBatchNorm = false;
+};
+
+void addRuleFlags(CLI::App& command, RuleFlags& flags);
+/// Throws bnfold::Error on an unknown rule in --rules.
+DriverOptions driverOptionsFrom(const RuleFlags& flags);
+/// "Rules (default marked *):" and one line per rule, for --help footers.
+std::string ruleListText();
+
+/// One model to process: its path as the user would write it, and its path below the folder it was found in
+/// (just the file name for a file given directly), which --out-dir and --report-dir mirror.
+struct ModelFile {
+  std::string path;
+  std::string relative;
+};
+
+/// Files are taken as given (even when missing: loading them then fails with a clear message); folders are
+/// searched recursively for *.onnx, sorted by relative path, skipping the folders in `excludedDirs` (the output
+/// folders, so a second run does not pick up the first run's results). A model reached twice is listed once.
+/// Throws bnfold::Error when a folder holds no *.onnx file.
+std::vector<ModelFile> collectModelFiles(const std::vector<std::string>& inputs,
+                                         const std::vector<std::string>& excludedDirs = {});
+
+/// `jobs` threads when given, else the number of cores (at least 1).
+unsigned effectiveJobs(unsigned requested);
+
+/// Runs `work(i)` for every i in [0, count) on up to `jobs` threads (each call independent; `work` must not
+/// throw). `onFinished(i)` runs on the calling thread as each item completes, in completion order.
+void runInParallel(std::size_t count, unsigned jobs, const std::function<void(std::size_t)>& work,
+                   const std::function<void(std::size_t)>& onFinished);
+
+/// Hands items to `emit` in index order however they complete: call `finished(i)` once per index.
+class InOrder {
+ public:
+  InOrder(std::size_t count, std::function<void(std::size_t)> emit) : done_(count, false), emit_(std::move(emit)) {}
+  void finished(std::size_t index);
+
+ private:
+  std::vector<bool> done_;
+  std::size_t next_ = 0;
+  std::function<void(std::size_t)> emit_;
+};
+
+/// The message of the exception being handled, without the file name when it is `path` (the caller prints it).
+std::string currentErrorMessage(const std::string& path);
+
+}  // namespace bnfold::cli

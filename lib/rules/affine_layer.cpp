@@ -1,0 +1,211 @@
+#include "affine_layer.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "value_shape.h"
+
+namespace bnfold::rules {
+
+namespace {
+
+std::optional<AffineLayer> fail(MatchFailure* whyNot, std::string code, std::string message) {
+  if (whyNot) *whyNot = {std::move(code), std::move(message)};
+  return std::nullopt;
+}
+
+bool allZero(const std::vector<double>& values) {
+  return std::all_of(values.begin(), values.end(), [](double v) { return v == 0.0; });
+}
+
+}  // namespace
+
+std::string formatDims(const std::vector<int64_t>& dims) {
+  std::ostringstream out;
+  out << '[';
+  for (std::size_t i = 0; i < dims.size(); ++i) out << (i ? "," : "") << dims[i];
+  out << ']';
+  return out.str();
+}
+
+bool isAffineLayerOp(const Node& node) {
+  return node.isOnnxOp("Conv") || node.isOnnxOp("ConvTranspose") || node.isOnnxOp("Gemm") || node.isOnnxOp("MatMul");
+}
+
+std::optional<AffineLayer> readAffineLayer(const Node& node, const RuleContext& context, MatchFailure* whyNot) {
+  if (!isAffineLayerOp(node))
+    return fail(whyNot, "no-foldable-layer", "'" + node.name() + "' (" + node.opType() + ") is not a Conv, "
+                                             "ConvTranspose, Gemm or MatMul");
+  if (context.isKept(node))
+    return fail(whyNot, "kept-by-user", "layer '" + node.name() + "' is kept by --keep or --keep-op");
+
+  AffineLayer layer;
+  layer.node = &node;
+  const std::string& op = node.opType();
+  if (op == "Conv") {
+    layer.layout.kind = kernels::WeightKind::Conv;
+  } else if (op == "ConvTranspose") {
+    layer.layout.kind = kernels::WeightKind::ConvTranspose;
+  } else if (op == "Gemm") {
+    layer.layout.kind = kernels::WeightKind::Gemm;
+  } else {
+    layer.layout.kind = kernels::WeightKind::MatMul;
+  }
+  layer.layout.group = node.attributeInt("group", 1);
+  layer.layout.transB = node.attributeInt("transB", 0) != 0;
+  if (layer.isGemm()) {
+    layer.alpha = node.attributeFloat("alpha", 1.0f);
+    layer.beta = node.attributeFloat("beta", 1.0f);
+    layer.transA = node.attributeInt("transA", 0) != 0;
+  }
+
+  layer.weightValue = node.input(1);
+  MatchFailure why;
+  layer.weight = context.constantOf(layer.weightValue, &why);
+  if (!layer.weight)
+    return fail(whyNot, why.code, "the weight of '" + node.name() + "' is not usable: " + why.message);
+  if (!isFloatingPoint(layer.weight->dataType()))
+    return fail(whyNot, "unsupported-type", "the weight of '" + node.name() + "' has type " +
+                                                dataTypeName(layer.weight->dataType()) +
+                                                "; only float, double, float16 and bfloat16 are rewritten");
+  const auto dims = layer.weight->dims();
+  const auto outputs = kernels::outputChannelCount(layer.layout, dims);
+  const auto inputs = kernels::inputChannelCount(layer.layout, dims);
+  if (!outputs || !inputs)
+    return fail(whyNot, "unsupported-weight-shape", "the weight of '" + node.name() + "' has dims " +
+                                                        formatDims(dims) + ", which do not fit " + op +
+                                                        " (group " + std::to_string(layer.layout.group) + ")");
+  layer.outputChannels = *outputs;
+  layer.inputChannels = *inputs;
+
+  if (layer.isMatMul()) {
+    if (const Value* input = node.input(0))
+      if (auto shape = knownShape(*input); shape && !shape->empty())
+        layer.outputRank = static_cast<int64_t>(shape->size());
+  } else {
+    layer.biasSlot = 2;
+    layer.outputRank = layer.isGemm() ? 2 : layer.weight->rank();
+  }
+
+  if (layer.biasSlot >= 0 && (layer.biasValue = node.input(static_cast<std::size_t>(layer.biasSlot)))) {
+    layer.bias = context.constantOf(layer.biasValue, &why);
+    if (!layer.bias)
+      return fail(whyNot, why.code, "the bias of '" + node.name() + "' is not usable: " + why.message);
+    const auto biasDims = layer.bias->dims();
+    const bool fits = layer.isGemm() ? kernels::isGemmBiasShape(biasDims, layer.outputChannels)
+                                     : biasDims.size() == 1 && biasDims[0] == layer.outputChannels;
+    if (!fits)
+      return fail(whyNot, "unsupported-bias-shape", "the bias of '" + node.name() + "' has dims " +
+                                                        formatDims(biasDims) + ", which do not fit " +
+                                                        std::to_string(layer.outputChannels) + " output channels");
+    if (layer.bias->dataType() != layer.weight->dataType())
+      return fail(whyNot, "unsupported-type", "the bias of '" + node.name() + "' has type " +
+                                                  dataTypeName(layer.bias->dataType()) + ", the weight " +
+                                                  dataTypeName(layer.weight->dataType()));
+  }
+  return layer;
+}
+
+std::optional<std::vector<double>> perChannelConstant(const Value& constantValue, const Tensor& constant,
+                                                      int64_t rank, int64_t channelAxis, int64_t channels,
+                                                      MatchFailure* whyNot) {
+  auto failWith = [&](const std::string& problem) -> std::optional<std::vector<double>> {
+    if (whyNot) *whyNot = {"not-per-channel", "constant '" + constantValue.name() + "' " + problem};
+    return std::nullopt;
+  };
+  const auto dims = constant.dims();
+  const auto constRank = static_cast<int64_t>(dims.size());
+  const std::string shapeText = formatDims(dims);
+  if (!isFloatingPoint(constant.dataType()))
+    return failWith("has type " + dataTypeName(constant.dataType()) + ", not a floating type");
+  if (constRank > rank)
+    return failWith("of shape " + shapeText + " has a higher rank than the rank-" + std::to_string(rank) +
+                    " tensor it is combined with, so it would broadcast that tensor to a bigger shape");
+  // Shapes align from the last axis: constant axis i meets tensor axis i + offset.
+  const int64_t offset = rank - constRank;
+  for (int64_t i = 0; i < constRank; ++i) {
+    const int64_t d = dims[static_cast<std::size_t>(i)];
+    if (d == 1) continue;
+    const int64_t axis = i + offset;
+    if (axis != channelAxis)
+      return failWith("of shape " + shapeText + " broadcasts along axis " + std::to_string(axis) + " of the rank-" +
+                      std::to_string(rank) + " tensor (shapes align from the last axis), not along the channel "
+                      "axis " + std::to_string(channelAxis));
+    if (d != channels)
+      return failWith("of shape " + shapeText + " has " + std::to_string(d) + " entries on the channel axis, but "
+                      "there are " + std::to_string(channels) + " channels");
+  }
+  auto values = kernels::perChannelValues(rank, channelAxis, channels, dims, constant.toDoubles());
+  if (!values) return failWith("of shape " + shapeText + " is not per-channel");
+  return values;
+}
+
+std::optional<kernels::GemmBiasFold> foldedBias(const AffineLayer& layer, const kernels::ChannelAffine& affine) {
+  if (layer.isGemm()) {
+    if (!layer.bias || layer.beta == 0.0) {
+      // C absent or multiplied by 0: only the shift remains, and nothing at all when it is zero.
+      if (allZero(affine.shift)) return std::nullopt;
+      return kernels::foldGemmBias(affine);
+    }
+    return kernels::foldGemmBias(layer.bias->toDoubles(), layer.bias->dims(), layer.beta, affine);
+  }
+  if (!layer.bias) {
+    if (allZero(affine.shift)) return std::nullopt;
+    return kernels::GemmBiasFold{kernels::foldBias(affine), {layer.outputChannels}, 1.0};
+  }
+  return kernels::GemmBiasFold{kernels::foldBias(layer.bias->toDoubles(), affine), {layer.outputChannels}, 1.0};
+}
+
+Value* addTensor(Rewriter& rewriter, const Node& anchor, DataType type, std::vector<int64_t> dims,
+                 const std::vector<double>& values, const std::string& nameHint) {
+  return rewriter.addInitializer(*anchor.graph(), Tensor::fromDoubles("", type, std::move(dims), values), nameHint);
+}
+
+std::string writeBias(Rewriter& rewriter, const AffineLayer& layer, const kernels::GemmBiasFold& bias) {
+  const std::string hint = layer.biasValue ? layer.biasValue->name() + "_folded" : layer.node->name() + "_bias";
+  Value* value = addTensor(rewriter, *layer.node, layer.type(), bias.dims, bias.values, hint);
+  rewriter.setInput(layer.node, layer.biasSlot, value);
+  if (layer.isGemm() && layer.beta != 1.0) {
+    onnx::AttributeProto beta;
+    beta.set_name("beta");
+    beta.set_type(onnx::AttributeProto::FLOAT);
+    beta.set_f(static_cast<float>(bias.beta));
+    rewriter.setAttribute(layer.node, std::move(beta));
+  }
+  return value->name();
+}
+
+std::string writeWeight(Rewriter& rewriter, const AffineLayer& layer, const std::vector<double>& weights,
+                        const std::string& suffix) {
+  Value* value = addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(), weights,
+                           layer.weightValue->name() + suffix);
+  rewriter.setInput(layer.node, 1, value);
+  return value->name();
+}
+
+const Node* keptConstantProducer(const RuleContext& context, const std::vector<const Value*>& values) {
+  for (const Value* value : values) {
+    if (!value) continue;
+    const Node* producer = value->producer();
+    if (producer && producer->isOnnxOp("Constant") && context.isKept(*producer)) return producer;
+  }
+  return nullptr;
+}
+
+const Node* soleConsumer(const Value& value, int* slot) {
+  if (value.isGraphOutput() || value.uses().size() != 1) return nullptr;
+  if (slot) *slot = value.uses().front().slot;
+  return value.uses().front().node;
+}
+
+int layerOperandSlot(const Node& binary, const RuleContext& context) {
+  for (int slot = 0; slot < 2; ++slot) {
+    const Value* operand = binary.input(static_cast<std::size_t>(slot));
+    const Value* other = binary.input(static_cast<std::size_t>(1 - slot));
+    if (!operand || !other || !operand->producer() || !isAffineLayerOp(*operand->producer())) continue;
+    if (context.constantOf(other)) return slot;
+  }
+  return -1;
+}
+
+}  // namespace bnfold::rules

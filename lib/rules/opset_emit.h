@@ -1,0 +1,53 @@
+#pragma once
+// Emitting ops whose form changed across opsets, in the form valid at the model's own ai.onnx opset (read from
+// the rewriter's model), without asking libonnx's schemas: models newer than the libonnx we build against
+// (opset 18 and later) must be handled too.
+//   ReduceMean: `axes` attribute up to opset 17, optional int64 input from 18.
+//   Unsqueeze / Squeeze: `axes` attribute up to opset 12, int64 input from 13.
+//   Reshape: `shape` attribute up to opset 4, int64 input from 5.
+// Axes and shapes that become inputs are written as new int64 initializers next to the anchor node.
+// Each function creates one node right before `anchor` and returns its single output.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bnfold/rewrite/rewriter.h"
+
+namespace bnfold::rules {
+
+/// First opset where each op takes its axes / shape as an input instead of an attribute.
+inline constexpr int64_t kReduceMeanAxesInputOpset = 18;
+inline constexpr int64_t kSqueezeAxesInputOpset = 13;
+inline constexpr int64_t kReshapeShapeInputOpset = 5;
+
+/// The ai.onnx opset of the model the rewriter works on.
+int64_t modelOpset(Rewriter& rewriter);
+
+/// Attribute builders.
+onnx::AttributeProto intAttribute(const std::string& name, int64_t value);
+onnx::AttributeProto floatAttribute(const std::string& name, float value);
+onnx::AttributeProto intsAttribute(const std::string& name, const std::vector<int64_t>& values);
+
+/// Names for what one rewrite emits: nodes are called "<base>/<step>" and their outputs "<base>_<step>".
+struct EmitNames {
+  std::string nodeBase;
+  std::string valueBase;
+  std::string node(const std::string& step) const { return nodeBase + "/" + step; }
+  std::string value(const std::string& step) const { return valueBase + "_" + step; }
+};
+
+/// Y = ReduceMean(input) over `axes` (non-negative), keeping the reduced axes as size 1 when `keepDims`.
+Value* emitReduceMean(Rewriter& rewriter, const Node* anchor, const Value* input, const std::vector<int64_t>& axes,
+                      bool keepDims, const EmitNames& names, const std::string& step);
+/// Inserts size-1 axes at `axes` (positions in the output).
+Value* emitUnsqueeze(Rewriter& rewriter, const Node* anchor, const Value* input, const std::vector<int64_t>& axes,
+                     const EmitNames& names, const std::string& step);
+/// Removes the size-1 axes `axes`.
+Value* emitSqueeze(Rewriter& rewriter, const Node* anchor, const Value* input, const std::vector<int64_t>& axes,
+                   const EmitNames& names, const std::string& step);
+/// Reshapes to `shape` (ONNX Reshape semantics: 0 copies the input dim, -1 is inferred).
+Value* emitReshape(Rewriter& rewriter, const Node* anchor, const Value* input, const std::vector<int64_t>& shape,
+                   const EmitNames& names, const std::string& step);
+
+}  // namespace bnfold::rules

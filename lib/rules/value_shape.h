@@ -1,0 +1,27 @@
+#pragma once
+// What is statically known about a value's shape and element type, for rules that must know how a constant
+// broadcasts against it (bias-add, scale-fold, bn-decompose; bn-fold uses it too). Sources: a constant's own
+// dims, the value's declared type (graph input, graph output or value_info), and a small forward inference
+// through the ops these rules meet: Conv / ConvTranspose / Gemm / MatMul (rank and channel count from the
+// weight), shape-preserving element-wise ops (Relu, BatchNormalization, ...), pooling (batch and channels pass
+// through) and Add/Sub/Mul/Div (numpy broadcast of both sides). Nothing else is guessed: an unknown shape stays
+// unknown and the rule declines with a reason.
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "bnfold/ir/graph.h"
+
+namespace bnfold::rules {
+
+/// A dim that is not known statically (symbolic or not declared).
+inline constexpr int64_t kUnknownDim = -1;
+
+/// The value's dims as far as known (kUnknownDim for unknown ones), or nullopt when even the rank is unknown.
+std::optional<std::vector<int64_t>> knownShape(const Value& value);
+
+/// The value's element type when it is known, else nullopt.
+std::optional<DataType> knownElementType(const Value& value);
+
+}  // namespace bnfold::rules

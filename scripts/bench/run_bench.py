@@ -1,0 +1,621 @@
+#!/usr/bin/python3
+"""bnfold benchmark: wall time and peak RSS of `bnfold fold` against the floor, `cp` and ONNX Runtime.
+
+Usually run through scripts/bench/run_bench.sh, which builds the tools first. Generates the models (cached in
+OUT_DIR/models, regenerated when a generator changes), then for each model runs every tool WARMUP + RUNS times,
+round-robin so that load from other processes spreads over all tools alike, and reports per tool the median,
+min and max wall time, the median CPU time (user + sys), and the peak RSS (ru_maxrss from wait4 on the child):
+
+  bnfold fold          default rules (what the issue's targets are about)
+  bnfold --rules none  load + save only: what the rules add is the difference
+  floor                apps/tools/proto_roundtrip: protobuf parse + serialize, nothing else
+  cp                   the model's file(s)
+  ORT basic            scripts/bench/ort_optimize.js: ONNX Runtime session with graph optimisation `basic` and
+                       optimizedModelFilePath; "process" is the whole node process, "create" the session
+                       creation alone as measured inside the process (excludes node start-up)
+
+Then the rule-scaling measurement (N and 10N residual Conv+BN blocks; rule time = default - --rules none, or
+bnfold's own phase timings when it has a --timings flag) and a check of the targets of issue 7.
+
+Usage: scripts/bench/run_bench.py --build-dir DIR [--quick] [--runs N] [--out-dir DIR] [--models a,b]
+                                  [--skip-large] [--no-ort] [--no-verify] [--scaling-blocks N] [--json FILE]
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "scripts"
+MB = 1e6
+GIB = 1 << 30
+# Float32 folding changes weights by an ulp or so; through a deep network that stays well inside these.
+VERIFY_ATOL, VERIFY_RTOL = 1e-5, 1e-4
+
+TOOLS = ["bnfold", "bnfold-none", "floor", "cp", "ort"]
+TOOL_LABELS = {"bnfold": "bnfold fold", "bnfold-none": "bnfold --rules none", "floor": "floor (protobuf)",
+               "cp": "cp", "ort": "ORT basic (process)", "ort-create": "ORT basic (create)"}
+
+
+class Model:
+    def __init__(self, name, generator, description, large=False):
+        self.name = name
+        self.generator = generator  # argv after the interpreter; "{out}" / "{dir}" are substituted
+        self.description = description
+        self.large = large
+
+    def folder(self, out_dir):
+        return out_dir / "models" / self.name
+
+    def path(self, out_dir):
+        return self.folder(out_dir) / "model.onnx"
+
+
+MODELS = [
+    Model("resnet50", [SCRIPTS / "gen_resnet50.py", "{out}"], "ResNet-50 v1, 53 Conv+BN, final Gemm"),
+    Model("mobilenetv2", [SCRIPTS / "bench/gen_mobilenetv2.py", "{out}"], "MobileNetV2, depthwise Conv+BN, Clip"),
+    Model("mlp-gemm", [SCRIPTS / "bench/gen_mlp.py", "{out}", "--layer", "gemm"], "MLP 6 x Gemm+BN, width 2048"),
+    Model("mlp-matmul", [SCRIPTS / "bench/gen_mlp.py", "{out}", "--layer", "matmul"],
+          "MLP 6 x MatMul+BN, width 2048"),
+    Model("decoder", [SCRIPTS / "bench/gen_decoder.py", "{out}"], "DCGAN decoder, 4 ConvTranspose+BN"),
+    Model("large", [SCRIPTS / "gen_large_model.py", "{dir}", "--size-gb", "{size_gb}"],
+          "wide Gemm/Conv/MatMul+BN, external data", large=True),
+]
+
+
+def fail(message):
+    sys.exit(f"run_bench: error: {message}")
+
+
+def log(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Machine and model files
+
+def machine_description():
+    cpu = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram_kb = 0
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal:"):
+                ram_kb = int(line.split()[1])
+    except OSError:
+        pass
+    return {"nproc": os.cpu_count(), "cpu": cpu, "ram_gib": round(ram_kb / (1 << 20), 1),
+            "kernel": platform.release(), "python": platform.python_version(), "loadavg_start": os.getloadavg()}
+
+
+def model_files(model_path):
+    """The model file and the external data files it references (each once, in order)."""
+    import onnx  # only needed here; keeps --help fast
+
+    proto = onnx.load(str(model_path), load_external_data=False)
+    files = [model_path]
+    for tensor in proto.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                data = model_path.parent / entry.value
+                if data not in files:
+                    files.append(data)
+    return files
+
+
+def op_counts(model_path):
+    import onnx
+
+    proto = onnx.load(str(model_path), load_external_data=False)
+    counts = {}
+    for node in proto.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts, proto
+
+
+def generator_stamp(model, size_gb):
+    """Changes when the generator's code or arguments change, so a cached model is regenerated."""
+    script = pathlib.Path(model.generator[0])
+    sources = [script, SCRIPTS / "bench/model_builder.py"]
+    parts = [" ".join(str(a) for a in model.generator)] + ([f"size_gb={size_gb}"] if model.large else [])
+    for source in sources:
+        if source.exists():
+            parts.append(f"{source.name}:{source.stat().st_size}:{int(source.stat().st_mtime)}")
+    return "\n".join(parts) + "\n"
+
+
+def generate(model, out_dir, size_gb):
+    folder = model.folder(out_dir)
+    stamp_file = folder / "generator.stamp"
+    stamp = generator_stamp(model, size_gb)
+    if model.path(out_dir).exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+        return
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    argv = [sys.executable] + [str(a).format(out=model.path(out_dir), dir=folder, size_gb=size_gb)
+                               for a in model.generator]
+    log(f"generating {model.name}: {' '.join(argv[1:])}")
+    result = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        last_line = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
+        fail(f"generating {model.name} failed: {last_line}")
+    stamp_file.write_text(stamp)
+
+
+def free_bytes(path):
+    return shutil.disk_usage(path).free
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running and measuring one command
+
+class Run:
+    def __init__(self, wall, cpu, max_rss_kb, returncode, stdout, stderr):
+        self.wall, self.cpu, self.max_rss_kb = wall, cpu, max_rss_kb
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+MEASURE_SOURCE = SCRIPTS / "bench/measure.c"
+measure_binary = None
+
+
+def build_measure(out_dir):
+    """Compiles scripts/bench/measure.c into OUT_DIR/bin (once per change of the source)."""
+    global measure_binary
+    binary = out_dir / "bin/measure"
+    if not binary.exists() or binary.stat().st_mtime < MEASURE_SOURCE.stat().st_mtime:
+        compiler = shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            fail("no C compiler (cc) on PATH to build scripts/bench/measure.c")
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run([compiler, "-O2", "-o", binary, MEASURE_SOURCE], stderr=subprocess.PIPE, text=True)
+        if result.returncode != 0:
+            fail(f"cannot compile {MEASURE_SOURCE}: {result.stderr.strip()[:300]}")
+    measure_binary = binary
+
+
+def measure(argv):
+    """Runs argv under measure.c: wall time, user+sys CPU and peak RSS of that command alone."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile(mode="r", suffix=".measure") as result:
+        launcher = subprocess.run([str(measure_binary), result.name] + [str(a) for a in argv], stdout=out, stderr=err)
+        fields = result.read().split()
+        if launcher.returncode != 0 or len(fields) != 5:
+            err.seek(0)
+            fail(f"measure failed on {' '.join(str(a) for a in argv)}: {err.read().decode(errors='replace')[-300:]}")
+        out.seek(0)
+        err.seek(0)
+        wall, user, system, max_rss_kb, code = float(fields[0]), float(fields[1]), float(fields[2]), \
+            int(fields[3]), int(fields[4])
+        return Run(wall, user + system, max_rss_kb, code, out.read().decode(errors="replace"),
+                   err.read().decode(errors="replace"))
+
+
+def clear_folder(folder):
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+
+
+class Tool:
+    """One way of processing a model; argv(model_files, out_folder) -> command."""
+
+    def __init__(self, key, argv):
+        self.key = key
+        self.argv = argv
+
+
+def make_tools(args, model, files):
+    bnfold = args.build_dir / "apps/bnfold"
+    floor = args.build_dir / "apps/bnfold_proto_roundtrip"
+    ort_script = SCRIPTS / "bench/ort_optimize.js"
+    tools = [
+        Tool("bnfold", lambda out: [bnfold, "fold", files[0], "-o", out / "model.onnx", "-q"]),
+        Tool("bnfold-none", lambda out: [bnfold, "fold", files[0], "-o", out / "model.onnx", "-q", "--rules", "none"]),
+        Tool("floor", lambda out: [floor, files[0], out / "model.onnx"]),
+        Tool("cp", lambda out: ["cp"] + files + [out]),
+    ]
+    if not args.no_ort:
+        external = ["--external-data", "model.onnx.data"] if len(files) > 1 else []
+        tools.append(Tool("ort", lambda out: ["node", ort_script, files[0], out / "model.onnx"] + external))
+    return tools
+
+
+def summarise(runs):
+    walls = [r.wall for r in runs]
+    return {"runs": len(runs), "wall_median": statistics.median(walls), "wall_min": min(walls),
+            "wall_max": max(walls), "cpu_median": statistics.median(r.cpu for r in runs),
+            "rss_max_mb": max(r.max_rss_kb for r in runs) * 1024 / MB, "walls": walls}
+
+
+def bench_model(args, model):
+    """Measures every tool on one model; returns the results dict (with errors recorded, not raised)."""
+    path = model.path(args.out_dir)
+    files = model_files(path)
+    size = sum(f.stat().st_size for f in files)
+    counts, _ = op_counts(path)
+    result = {"model": model.name, "description": model.description, "files": [str(f) for f in files],
+              "bytes": size, "bn_in": counts.get("BatchNormalization", 0), "nodes_in": sum(counts.values()),
+              "tools": {}, "errors": {}}
+    tools = make_tools(args, model, files)
+    runs = {tool.key: [] for tool in tools}
+    ort_create = []
+    scratch = args.out_dir / "run"
+    for iteration in range(args.warmup + args.runs):
+        for tool in tools:
+            if tool.key in result["errors"]:
+                continue
+            out = scratch / tool.key
+            clear_folder(out)
+            run = measure(tool.argv(out))
+            if run.returncode != 0:
+                message = (run.stderr.strip() or run.stdout.strip() or f"exit {run.returncode}").splitlines()[-1]
+                result["errors"][tool.key] = f"exit {run.returncode}: {message}"
+                log(f"  {model.name}: {TOOL_LABELS[tool.key]} failed: {result['errors'][tool.key]}")
+                continue
+            if iteration == 0:
+                inspect_output(args, model, tool.key, path, out, result)
+            if iteration < args.warmup:
+                continue
+            runs[tool.key].append(run)
+            if tool.key == "ort":
+                try:
+                    ort_create.append(json.loads(run.stdout.strip().splitlines()[-1])["create_s"])
+                except (ValueError, KeyError, IndexError):
+                    result["errors"]["ort-create"] = f"no timing line from ort_optimize.js: {run.stdout[:200]}"
+        clear_folder(scratch)
+    for key, tool_runs in runs.items():
+        if tool_runs and key not in result["errors"]:
+            result["tools"][key] = summarise(tool_runs)
+    if ort_create and "ort" in result["tools"]:
+        result["tools"]["ort-create"] = {"runs": len(ort_create), "wall_median": statistics.median(ort_create),
+                                         "wall_min": min(ort_create), "wall_max": max(ort_create),
+                                         "cpu_median": None, "rss_max_mb": result["tools"]["ort"]["rss_max_mb"],
+                                         "walls": ort_create}
+    shutil.rmtree(scratch, ignore_errors=True)
+    return result
+
+
+def inspect_output(args, model, tool_key, original, out, result):
+    """After the first run of a tool: what its output holds (BN left, file sizes), and for bnfold whether the
+    outputs still match in ONNX Runtime."""
+    if tool_key not in ("bnfold", "ort"):
+        return
+    written = out / "model.onnx"
+    info = {"model_bytes": written.stat().st_size,
+            "data_bytes": sum(f.stat().st_size for f in out.iterdir() if f.name != "model.onnx")}
+    counts, proto = op_counts(written)
+    info["bn_out"] = counts.get("BatchNormalization", 0)
+    info["nodes_out"] = sum(counts.values())
+    inline = [t for t in proto.graph.initializer if not t.external_data]
+    info["largest_inline_tensor_bytes"] = max((len(t.raw_data) for t in inline), default=0)
+    if model.large:
+        missing = [f for f in model_files(written)[1:] if not f.exists() or f.parent != out]
+        info["external_data_beside_output"] = not missing
+    if tool_key == "bnfold" and args.verify and not args.no_ort and not model.large:
+        compare = subprocess.run(
+            ["node", SCRIPTS / "ort/compare.js", original, written, "--json", "--atol", str(VERIFY_ATOL),
+             "--rtol", str(VERIFY_RTOL)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            details = json.loads(compare.stdout)
+            info["ort_check"] = {
+                "ok": bool(details.get("ok")) and compare.returncode == 0,
+                "max_abs": max((o.get("max_abs") or 0 for o in details.get("outputs", [])), default=None),
+                "max_rel": max((o.get("max_rel") or 0 for o in details.get("outputs", [])), default=None),
+                "error": details.get("error")}
+        except ValueError:
+            info["ort_check"] = {"ok": False, "error": (compare.stderr or compare.stdout).strip()[:300]}
+    result[f"{tool_key}_output"] = info
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rule scaling
+
+PHASE_PATTERN = re.compile(r"\b(load|rules|save|total)\b\s*[:=]?\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*s\b")
+
+
+def bnfold_has_timings(bnfold):
+    help_text = subprocess.run([bnfold, "fold", "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True).stdout
+    return "--timings" in help_text
+
+
+def parse_phases(stderr):
+    for line in stderr.splitlines():
+        if "timings" in line:
+            return {name: float(value) for name, value in PHASE_PATTERN.findall(line)}
+    return {}
+
+
+def bench_scaling(args):
+    bnfold = args.build_dir / "apps/bnfold"
+    timings = bnfold_has_timings(bnfold)
+    sizes = [args.scaling_blocks, 10 * args.scaling_blocks]
+    results = {"method": "bnfold --timings (rules phase)" if timings else
+               "median(default rules) - median(--rules none), CPU time", "sizes": []}
+    scratch = args.out_dir / "run"
+    for blocks in sizes:
+        folder = args.out_dir / "models" / f"chain-{blocks}"
+        path = folder / "model.onnx"
+        chain = Model(f"chain-{blocks}", [SCRIPTS / "bench/gen_conv_chain.py", "{out}", "--blocks", str(blocks)],
+                      "residual Conv+BN chain")
+        generate(chain, args.out_dir, None)
+        counts, _ = op_counts(path)
+        runs = {"default": [], "none": []}
+        for iteration in range(args.warmup + args.scaling_runs):
+            for key, extra in (("default", []), ("none", ["--rules", "none"])):
+                clear_folder(scratch)
+                argv = [bnfold, "fold", path, "-o", scratch / "model.onnx", "-q"] + extra
+                if timings:
+                    argv.append("--timings")
+                run = measure(argv)
+                if run.returncode != 0:
+                    fail(f"bnfold fold {path} {' '.join(extra)} failed: {run.stderr.strip()[:300]}")
+                if iteration >= args.warmup:
+                    runs[key].append(run)
+                if iteration == 0 and key == "default":
+                    out_counts, _ = op_counts(scratch / "model.onnx")
+                    bn_left = out_counts.get("BatchNormalization", 0)
+        entry = {"blocks": blocks, "nodes": sum(counts.values()), "bytes": path.stat().st_size,
+                 "bn_in": counts.get("BatchNormalization", 0), "bn_out": bn_left}
+        for key, key_runs in runs.items():
+            entry[f"{key}_wall"] = statistics.median(r.wall for r in key_runs)
+            entry[f"{key}_cpu"] = statistics.median(r.cpu for r in key_runs)
+            entry[f"{key}_rss_mb"] = max(r.max_rss_kb for r in key_runs) * 1024 / MB
+        entry["rule_wall"] = entry["default_wall"] - entry["none_wall"]
+        entry["rule_cpu"] = entry["default_cpu"] - entry["none_cpu"]
+        if timings:
+            phases = [parse_phases(r.stderr) for r in runs["default"]]
+            entry["phases"] = {name: statistics.median(p[name] for p in phases if name in p)
+                               for name in {n for p in phases for n in p}}
+            if "rules" in entry["phases"]:
+                entry["rule_phase"] = entry["phases"]["rules"]
+        results["sizes"].append(entry)
+        shutil.rmtree(scratch, ignore_errors=True)
+    small, big = results["sizes"]
+    # CPU time is the primary figure when bnfold cannot time its phases: on a shared machine wall time also
+    # holds waiting for a core, which does not subtract out.
+    key = "rule_phase" if "rule_phase" in small and "rule_phase" in big else "rule_cpu"
+    results["ratio_key"] = key
+    results["ratio"] = big[key] / small[key] if small[key] > 0 else None
+    results["ratio_wall"] = big["rule_wall"] / small["rule_wall"] if small["rule_wall"] > 0 else None
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Printing
+
+def ratio(a, b):
+    if a is None or not b:
+        return "-"
+    return f"{a / b:.0f}x" if a / b >= 100 else f"{a / b:.2f}x"
+
+
+def print_model_table(result):
+    tools = result["tools"]
+    size_mb = result["bytes"] / MB
+    print(f"\n## {result['model']}: {result['description']}; {size_mb:.1f} MB in {len(result['files'])} file(s), "
+          f"{result['nodes_in']} nodes, {result['bn_in']} BatchNormalization")
+    if len(result["files"]) > 1:
+        print("(external data: the floor parses and writes the graph file only, so /floor means little here)")
+    header = (f"{'tool':<22}{'median s':>10}{'min s':>9}{'max s':>9}{'cpu s':>8}{'peak RSS MB':>13}"
+              f"{'RSS/size':>10}{'/floor':>9}{'/ORT create':>12}{'/cp':>9}")
+    print(header)
+    print("-" * len(header))
+    floor = tools.get("floor", {}).get("wall_median")
+    ort = tools.get("ort-create", {}).get("wall_median")
+    cp = tools.get("cp", {}).get("wall_median")
+    for key in TOOLS + ["ort-create"]:
+        if key in result["errors"]:
+            print(f"{TOOL_LABELS[key]:<22}  FAILED: {result['errors'][key]}")
+            continue
+        if key not in tools:
+            continue
+        t = tools[key]
+        cpu = f"{t['cpu_median']:.3f}" if t["cpu_median"] is not None else "-"
+        rss = f"{t['rss_max_mb']:.0f}" if key != "ort-create" else "(same)"
+        rss_ratio = f"{t['rss_max_mb'] / size_mb:.2f}" if key != "ort-create" else ""
+        print(f"{TOOL_LABELS[key]:<22}{t['wall_median']:>10.3f}{t['wall_min']:>9.3f}{t['wall_max']:>9.3f}{cpu:>8}"
+              f"{rss:>13}{rss_ratio:>10}{ratio(t['wall_median'], floor):>9}{ratio(t['wall_median'], ort):>12}"
+              f"{ratio(t['wall_median'], cp):>9}")
+    for key in ("bnfold", "ort"):
+        info = result.get(f"{key}_output")
+        if not info:
+            continue
+        line = (f"{TOOL_LABELS[key]} output: BatchNormalization {result['bn_in']} -> {info['bn_out']}, "
+                f"model file {info['model_bytes'] / MB:.1f} MB + data {info['data_bytes'] / MB:.1f} MB, "
+                f"largest inline tensor {info['largest_inline_tensor_bytes'] / MB:.1f} MB")
+        if "external_data_beside_output" in info:
+            line += f", external data beside output: {'yes' if info['external_data_beside_output'] else 'NO'}"
+        check = info.get("ort_check")
+        if check:
+            line += f"; ORT outputs {'match' if check['ok'] else 'DIFFER'} (atol {VERIFY_ATOL}, rtol {VERIFY_RTOL}"
+            for field in ("max_abs", "max_rel"):
+                if check.get(field) is not None:
+                    line += f", {field} {check[field]:.2e}"
+            line += ")"
+            if check.get("error"):
+                line += f" error: {check['error']}"
+        print(line)
+
+
+def print_scaling(scaling):
+    print(f"\n## rule scaling: residual Conv+BN chain, N and 10N blocks ({scaling['method']})")
+    header = (f"{'blocks':>7}{'nodes':>8}{'MB':>7}{'BN in->out':>12}{'default s':>11}{'none s':>9}{'rules s':>9}"
+              f"{'default cpu':>13}{'none cpu':>10}{'rules cpu':>11}{'peak RSS MB':>13}")
+    print(header)
+    print("-" * len(header))
+    for e in scaling["sizes"]:
+        phase = f"  (rules phase {e['rule_phase']:.4f} s)" if "rule_phase" in e else ""
+        print(f"{e['blocks']:>7}{e['nodes']:>8}{e['bytes'] / MB:>7.1f}{str(e['bn_in']) + '->' + str(e['bn_out']):>12}"
+              f"{e['default_wall']:>11.3f}{e['none_wall']:>9.3f}{e['rule_wall']:>9.3f}{e['default_cpu']:>13.3f}"
+              f"{e['none_cpu']:>10.3f}{e['rule_cpu']:>11.3f}{e['default_rss_mb']:>13.0f}{phase}")
+    r, rw = scaling["ratio"], scaling["ratio_wall"]
+    if r is None:
+        print("rule time at N is not above measurement noise: use more blocks (--scaling-blocks)")
+    print(f"rule time 10N / N: {'-' if r is None else f'{r:.1f}x'} ({scaling['ratio_key']}; from wall times "
+          f"{'-' if rw is None else f'{rw:.1f}x'}); linear would be 10x, target <= 12x")
+
+
+def check_targets(results, scaling):
+    """The issue's targets as (description, measured, pass/fail) lines."""
+    lines = []
+    by_name = {r["model"]: r for r in results}
+
+    def median(model, tool):
+        return by_name.get(model, {}).get("tools", {}).get(tool, {}).get("wall_median")
+
+    def cpu(model, tool):
+        return by_name.get(model, {}).get("tools", {}).get(tool, {}).get("cpu_median")
+
+    resnet = by_name.get("resnet50")
+    if resnet:
+        fold, floor, ort, cp = (median("resnet50", t) for t in ("bnfold", "floor", "ort-create", "cp"))
+        if fold and floor:
+            lines.append(("ResNet-50 fold wall <= 1.2x floor", f"{fold / floor:.2f}x (CPU time "
+                          f"{cpu('resnet50', 'bnfold') / cpu('resnet50', 'floor'):.2f}x)", fold <= 1.2 * floor))
+        if fold and ort:
+            lines.append(("ResNet-50 fold >= 3x faster than ORT create", f"{ort / fold:.2f}x faster", ort >= 3 * fold))
+        if "bnfold" in resnet["tools"]:
+            rss = resnet["tools"]["bnfold"]["rss_max_mb"] / (resnet["bytes"] / MB)
+            lines.append(("ResNet-50 peak RSS <= 1.3x file size", f"{rss:.2f}x", rss <= 1.3))
+        if fold and cp:
+            lines.append(("ResNet-50 stretch: fold within 2x of cp", f"{fold / cp:.1f}x", fold <= 2 * cp))
+    large = by_name.get("large")
+    if large:
+        if "bnfold" in large["tools"]:
+            rss = large["tools"]["bnfold"]["rss_max_mb"] / (large["bytes"] / MB)
+            lines.append((">2 GB peak RSS <= 10% of size", f"{100 * rss:.1f}%", rss <= 0.10))
+            fold, cp = median("large", "bnfold"), median("large", "cp")
+            if cp:
+                lines.append((">2 GB fold wall <= 2x cp", f"{fold / cp:.2f}x", fold <= 2 * cp))
+        else:
+            lines.append((">2 GB fold runs", large["errors"].get("bnfold", "not run"), False))
+        info = large.get("bnfold_output")
+        if info:
+            ok = info.get("external_data_beside_output") and info["model_bytes"] < 16 * (1 << 20)
+            lines.append((">2 GB output: small model file, external data beside it",
+                          f"model file {info['model_bytes'] / MB:.1f} MB, data {info['data_bytes'] / MB:.0f} MB", ok))
+    if scaling and scaling["ratio"] is not None:
+        lines.append(("rule time 10x nodes <= 12x", f"{scaling['ratio']:.1f}x", scaling["ratio"] <= 12))
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+def parse_args():
+    parser = argparse.ArgumentParser(description="bnfold benchmark (see scripts/bench/run_bench.sh and BENCHMARKS.md).")
+    parser.add_argument("--build-dir", type=pathlib.Path, default=REPO / "build-bench",
+                        help="build folder holding apps/bnfold and apps/bnfold_proto_roundtrip")
+    parser.add_argument("--out-dir", type=pathlib.Path, default=REPO / "bench-out",
+                        help="generated models and scratch outputs (default: bench-out/, git-ignored)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 1 warm-up + 1 run, no >2 GB model, 300/3000-block scaling")
+    parser.add_argument("--runs", type=int, default=5, help="measured runs per tool (median reported)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--models", default=",".join(m.name for m in MODELS),
+                        help="comma-separated subset of: " + ", ".join(m.name for m in MODELS))
+    parser.add_argument("--skip-large", action="store_true", help="leave out the >2 GB model")
+    parser.add_argument("--large-size-gb", type=float, default=2.1)
+    parser.add_argument("--no-ort", action="store_true", help="do not run ONNX Runtime")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="do not compare bnfold's outputs with the original's in ONNX Runtime")
+    parser.add_argument("--scaling-blocks", type=int, default=1000, help="N of the N / 10N scaling measurement")
+    parser.add_argument("--scaling-runs", type=int, default=None, help="runs per scaling point (default: --runs)")
+    parser.add_argument("--no-scaling", action="store_true")
+    parser.add_argument("--json", type=pathlib.Path, help="also write all figures here")
+    args = parser.parse_args()
+    if args.quick:
+        args.runs, args.warmup, args.skip_large, args.scaling_blocks = 1, 1, True, 300
+    if args.runs < 1 or args.warmup < 0 or args.scaling_blocks < 1:
+        parser.error("--runs and --scaling-blocks must be positive, --warmup non-negative")
+    if args.scaling_runs is None:
+        args.scaling_runs = args.runs
+    args.build_dir = args.build_dir.resolve()
+    args.out_dir = args.out_dir.resolve()
+    known = {m.name for m in MODELS}
+    args.models = [name for name in args.models.split(",") if name]
+    unknown = [name for name in args.models if name not in known]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    if args.skip_large and "large" in args.models:
+        args.models.remove("large")
+    return args
+
+
+def main():
+    args = parse_args()
+    for tool in ("apps/bnfold", "apps/bnfold_proto_roundtrip"):
+        if not (args.build_dir / tool).is_file():
+            fail(f"{args.build_dir / tool} not found: build it (scripts/bench/run_bench.sh does)")
+    if not args.no_ort and shutil.which("node") is None:
+        fail("node not found on PATH (or pass --no-ort)")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    build_measure(args.out_dir)
+    selected = [m for m in MODELS if m.name in args.models]
+    for model in (m for m in selected if m.large):
+        # The model and one output at a time (outputs are deleted after every run), plus slack.
+        needed = (2 if not model.path(args.out_dir).exists() else 1) * 1.1 * args.large_size_gb * GIB + 0.5 * GIB
+        if free_bytes(args.out_dir) < needed:
+            fail(f"{args.out_dir}: {free_bytes(args.out_dir) / GIB:.1f} GiB free, the >2 GB model needs "
+                 f"{needed / GIB:.1f} GiB (or pass --skip-large)")
+
+    machine = machine_description()
+    print(f"# bnfold benchmark  {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"machine: {machine['nproc']} cores, {machine['cpu']}, {machine['ram_gib']} GiB RAM, Linux "
+          f"{machine['kernel']}; load average at start {machine['loadavg_start'][0]:.2f}")
+    baseline = statistics.median(measure(["true"]).max_rss_kb for _ in range(3)) * 1024 / MB
+    machine["rss_baseline_mb"] = baseline
+    print(f"runs: {args.warmup} warm-up + {args.runs} measured per tool, round-robin; wall = median; "
+          f"cpu = median user+sys; peak RSS = max ru_maxrss; ratios are of median walls; /ORT create = against "
+          f"ORT's session creation measured in-process (node start-up excluded); peak RSS of `true` "
+          f"under the same stopwatch: {baseline:.1f} MB")
+
+    results = []
+    for model in selected:
+        generate(model, args.out_dir, args.large_size_gb)
+        log(f"benchmarking {model.name}")
+        result = bench_model(args, model)
+        results.append(result)
+        print_model_table(result)
+        sys.stdout.flush()
+
+    scaling = None
+    if not args.no_scaling:
+        log("measuring rule scaling")
+        scaling = bench_scaling(args)
+        print_scaling(scaling)
+
+    targets = check_targets(results, scaling)
+    if targets:
+        print("\n## targets (issue 7)")
+        for description, measured, ok in targets:
+            print(f"{'PASS' if ok else 'FAIL'}  {description:<55} {measured}")
+    machine["loadavg_end"] = os.getloadavg()
+    print(f"\nload average at end {machine['loadavg_end'][0]:.2f} (above {machine['nproc']} means other "
+          f"processes competed for the cores: compare the cpu column)")
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine, "args": {k: str(v) for k, v in vars(args).items()},
+                                         "models": results, "scaling": scaling,
+                                         "targets": [{"target": d, "measured": m, "ok": ok} for d, m, ok in targets]},
+                                        indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
