@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <google/protobuf/wire_format_lite.h>
 
@@ -186,8 +187,28 @@ void copyFileRange(const FileRange& range, int fd, const std::string& path) {
   }
 }
 
+// Appends deferred bytes to `fd`: file to file when they lie unchanged in a file, else computed and written a
+// chunk at a time (a folded weight is never held whole).
+void writeDeferred(const DeferredBytes& bytes, int fd, const std::string& path) {
+  if (const FileRange* range = bytes.fileRange()) {
+    copyFileRange(*range, fd, path);
+    return;
+  }
+  constexpr int64_t kChunk = 1 << 20;  // a multiple of every element size
+  std::unique_ptr<char[]> chunk(new char[static_cast<std::size_t>(std::min<int64_t>(kChunk, bytes.size()))]);
+  for (int64_t offset = 0; offset < bytes.size(); offset += kChunk) {
+    const int64_t length = std::min<int64_t>(kChunk, bytes.size() - offset);
+    bytes.read(offset, length, chunk.get());
+    writeAll(fd, chunk.get(), static_cast<std::size_t>(length), path);
+  }
+}
+
 // Appends a tensor's bytes to the data file; external sources are copied file to file.
 void appendTensorData(const Tensor& tensor, int fd, const std::string& dataPath) {
+  if (const DeferredBytes* deferred = tensor.deferredRawData()) {
+    writeDeferred(*deferred, fd, dataPath);
+    return;
+  }
   if (!tensor.isExternal()) {
     const std::string_view bytes = tensor.bytes();
     writeAll(fd, bytes.data(), bytes.size(), dataPath);
@@ -244,9 +265,9 @@ class OutputWriter {
 
   void appendTag(int field) { appendVarint(static_cast<uint64_t>(field) << 3 | 2); }  // length-delimited
 
-  void copyRange(const FileRange& range) {
+  void appendDeferred(const DeferredBytes& bytes) {
     flush();
-    copyFileRange(range, fd_, path_);
+    writeDeferred(bytes, fd_, path_);
   }
 
   void flush() {
@@ -289,28 +310,30 @@ std::string serializeDeterministic(const google::protobuf::Message& message) {
   return bytes;
 }
 
-// Writes the model with the main graph's deferred raw_data copied straight from the input file. The bytes
-// are exactly what protobuf would write for the complete message.
-void writeSpliced(onnx::ModelProto& proto, const std::vector<Tensor*>& mainInitializers, OutputWriter& out) {
+// Writes the model with the deferred bytes of the main graph's initializers (splicedBytes[i] for initializer i;
+// null when its proto is complete) streamed in: copied from the input file, or computed chunk by chunk. The
+// bytes are exactly what protobuf would write for the complete message.
+void writeSpliced(onnx::ModelProto& proto, const std::vector<const DeferredBytes*>& splicedBytes,
+                  OutputWriter& out) {
   onnx::GraphProto* graph = proto.mutable_graph();
   struct Piece {
     std::string before, after;  // the tensor's serialization around where raw_data goes
-    const FileRange* raw = nullptr;
+    const DeferredBytes* raw = nullptr;
     std::size_t size = 0;
   };
-  std::vector<Piece> pieces(mainInitializers.size());
+  std::vector<Piece> pieces(splicedBytes.size());
   std::size_t initializerBytes = 0;
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     Piece& piece = pieces[i];
     const onnx::TensorProto& tensor = graph->initializer(static_cast<int>(i));
-    piece.raw = mainInitializers[i]->deferredRawData();
+    piece.raw = splicedBytes[i];
     if (piece.raw) {
       tensor.ByteSizeLong();
       std::string bytes = serializeDeterministic(tensor);
       const std::size_t split = insertionPoint(bytes, onnx::TensorProto::descriptor(), 9);
       piece.before = bytes.substr(0, split);
       piece.after = bytes.substr(split);
-      const auto length = static_cast<uint64_t>(piece.raw->length);
+      const auto length = static_cast<uint64_t>(piece.raw->size());
       piece.size = bytes.size() + 1 + varintSize(length) + length;
     } else {
       piece.size = tensor.ByteSizeLong();
@@ -345,8 +368,8 @@ void writeSpliced(onnx::ModelProto& proto, const std::vector<Tensor*>& mainIniti
     if (piece.raw) {
       out.append(piece.before);
       out.appendTag(9);
-      out.appendVarint(static_cast<uint64_t>(piece.raw->length));
-      out.copyRange(*piece.raw);
+      out.appendVarint(static_cast<uint64_t>(piece.raw->size()));
+      out.appendDeferred(*piece.raw);
       out.append(piece.after);
     } else {
       out.append(serializeDeterministic(graph->initializer(static_cast<int>(i))));
@@ -355,6 +378,12 @@ void writeSpliced(onnx::ModelProto& proto, const std::vector<Tensor*>& mainIniti
   out.append(std::string_view(graphBytes).substr(graphSplit));
   out.append(std::string_view(modelBytes).substr(modelSplit));
   out.flush();
+}
+
+// Bytes a tensor takes when written inline, its deferred data included.
+int64_t inlineSize(const Tensor& tensor) {
+  const DeferredBytes* deferred = tensor.deferredRawData();
+  return static_cast<int64_t>(tensor.proto().ByteSizeLong()) + (deferred ? deferred->size() + 16 : 0);
 }
 
 }  // namespace
@@ -377,7 +406,7 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
       toExternal.push_back(tensor);
     } else {
       inlineTensors.push_back(tensor);
-      inlineBytes += static_cast<int64_t>(tensor->proto().ByteSizeLong());
+      inlineBytes += inlineSize(*tensor);
     }
   }
   if (options.spillLargeModels && inlineBytes > kInlineBudget) {
@@ -386,7 +415,7 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
     for (Tensor* tensor : inlineTensors) {
       if (inlineBytes <= kInlineBudget) break;
       if (tensor->dataType() == DataType::String) continue;
-      inlineBytes -= static_cast<int64_t>(tensor->proto().ByteSizeLong());
+      inlineBytes -= inlineSize(*tensor);
       toExternal.push_back(tensor);
     }
   }
@@ -407,6 +436,20 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
     }
   }
 
+  // Only the main graph's initializers are spliced from deferred bytes; any other deferred tensor that stays
+  // inline (a folded weight in a subgraph) is read into its proto now.
+  const std::vector<Tensor*> mainInitializers = writer.mainInitializers();
+  {
+    const std::unordered_set<const Tensor*> spliceable(mainInitializers.begin(), mainInitializers.end());
+    for (Tensor* tensor : inlineTensors) {
+      if (tensor->deferredRawData() && placements.count(tensor) == 0 && spliceable.count(tensor) == 0)
+        tensor->materialize();
+    }
+  }
+  // The deferred bytes to splice into each main initializer (null: the proto is complete or now external).
+  std::vector<const DeferredBytes*> splicedBytes;
+  for (const Tensor* tensor : mainInitializers)
+    splicedBytes.push_back(placements.count(tensor) ? nullptr : tensor->deferredRawData());
   writer.build(proto);
   // Originals of the protos whose storage fields change, restored before the writer gives them back.
   std::vector<std::pair<onnx::TensorProto*, onnx::TensorProto>> saved;
@@ -429,13 +472,12 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
       setExternalLocation(*lentProto, dataFileName, placement->second.offset, placement->second.length);
     }
     AtomicFile modelFile(path);
-    const std::vector<Tensor*> mainInitializers = writer.mainInitializers();
-    const bool spliced = std::any_of(mainInitializers.begin(), mainInitializers.end(),
-                                     [](const Tensor* t) { return t->deferredRawData() != nullptr; });
+    const bool spliced = std::any_of(splicedBytes.begin(), splicedBytes.end(),
+                                     [](const DeferredBytes* bytes) { return bytes != nullptr; });
     if (spliced) {
       OutputWriter out(modelFile.fd(), path);
       try {
-        writeSpliced(proto, mainInitializers, out);
+        writeSpliced(proto, splicedBytes, out);
       } catch (const Error& e) {
         throw Error(e.file().empty() ? path : e.file(), e.problem());
       }

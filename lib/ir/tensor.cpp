@@ -4,7 +4,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <type_traits>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -75,21 +77,59 @@ Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir)
     : proto_(std::move(proto)), baseDir_(std::move(baseDir)) {}
 
 Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir, FileRange rawData)
-    : proto_(std::move(proto)), baseDir_(std::move(baseDir)), deferred_(std::move(rawData)) {}
+    : proto_(std::move(proto)),
+      baseDir_(std::move(baseDir)),
+      deferred_(std::make_shared<FileBytes>(std::move(rawData))) {}
 
-namespace {
-void readRange(const FileRange& range, std::string& out, const std::string& tensorName) {
-  out.resize(static_cast<std::size_t>(range.length));
+Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::shared_ptr<const DeferredBytes> bytes)
+    : proto_(std::move(proto)), deferred_(std::move(bytes)) {}
+
+Tensor Tensor::deferred(std::string name, DataType type, std::vector<int64_t> dims,
+                        std::shared_ptr<const DeferredBytes> bytes) {
+  auto proto = std::make_unique<onnx::TensorProto>();
+  proto->set_name(std::move(name));
+  proto->set_data_type(static_cast<int32_t>(type));
+  for (int64_t dim : dims) proto->add_dims(dim);
+  return Tensor(std::move(proto), std::move(bytes));
+}
+
+void FileBytes::read(int64_t offset, int64_t length, char* out) const {
+  if (offset < 0 || length < 0 || offset + length > range_.length)
+    throw std::out_of_range("FileBytes::read: bytes outside the range");
   int64_t done = 0;
-  while (done < range.length) {
-    const ssize_t n = ::pread(range.file->fd(), out.data() + done, static_cast<std::size_t>(range.length - done),
-                              static_cast<off_t>(range.offset + done));
+  while (done < length) {
+    const ssize_t n = ::pread(range_.file->fd(), out + done, static_cast<std::size_t>(length - done),
+                              static_cast<off_t>(range_.offset + offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
-      throw Error(range.file->path(), "cannot read the data of tensor '" + tensorName + "': " +
-                                          (n < 0 ? std::strerror(errno) : "the file is shorter than it was"));
+      throw Error(range_.file->path(), std::string("cannot read tensor data: ") +
+                                           (n < 0 ? std::strerror(errno) : "the file is shorter than it was"));
     done += n;
   }
+}
+
+namespace {
+/// Packed bytes held in memory, shared by the tensors computed from them.
+class MemoryBytes final : public DeferredBytes {
+ public:
+  explicit MemoryBytes(std::string bytes) : bytes_(std::move(bytes)) {}
+  int64_t size() const override { return static_cast<int64_t>(bytes_.size()); }
+  void read(int64_t offset, int64_t length, char* out) const override {
+    if (offset < 0 || length < 0 || offset + length > size())
+      throw std::out_of_range("MemoryBytes::read: bytes outside the range");
+    std::memcpy(out, bytes_.data() + offset, static_cast<std::size_t>(length));
+  }
+
+ private:
+  std::string bytes_;
+};
+
+/// Reads all of `bytes` into a string without first zero-filling it twice over.
+std::string readAll(const DeferredBytes& bytes) {
+  std::string out;
+  out.resize(static_cast<std::size_t>(bytes.size()));
+  bytes.read(0, bytes.size(), out.data());
+  return out;
 }
 }  // namespace
 
@@ -97,10 +137,23 @@ void Tensor::materialize() {
   if (!deferred_) return;
   std::string bytes;
   if (packedBytesReady_) bytes.swap(packedBytes_);
-  else readRange(*deferred_, bytes, name());
+  else bytes = readAll(*deferred_);
   proto_->set_raw_data(std::move(bytes));
   deferred_.reset();
   releaseCachedBytes();
+}
+
+std::shared_ptr<const DeferredBytes> Tensor::byteSource() const {
+  if (deferred_) return deferred_;
+  if (isExternal()) {
+    const ExternalDataRef ref = externalData();
+    const fs::path path = fs::path(baseDir_.empty() ? "." : baseDir_) / ref.location;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw Error(path.string(), "cannot open external data of tensor '" + name() + "'");
+    auto file = std::make_shared<const SourceFile>(fd, path.string());
+    return std::make_shared<FileBytes>(FileRange{std::move(file), ref.offset, byteSize()});
+  }
+  return std::make_shared<MemoryBytes>(std::string(bytes()));
 }
 
 int64_t Tensor::elementCount() const {
@@ -212,7 +265,7 @@ void Tensor::validate(const std::string& file) const {
   }
   if (proto_->has_raw_data() || deferred_) {
     if (type == DataType::String) throw Error(file, what + " is a string tensor with raw_data");
-    const auto have = deferred_ ? deferred_->length : static_cast<int64_t>(proto_->raw_data().size());
+    const auto have = deferred_ ? deferred_->size() : static_cast<int64_t>(proto_->raw_data().size());
     if (have != byteSize())
       throw Error(file, what + " has " + std::to_string(have) + " bytes of raw_data but its dims and type (" +
                             dataTypeName(type) + ") need " + std::to_string(byteSize()));
@@ -258,7 +311,7 @@ std::string_view Tensor::bytes() const {
   const int64_t count = elementCount();
   const std::size_t size = elementSize(type);
   if (deferred_) {
-    readRange(*deferred_, packedBytes_, name());
+    packedBytes_ = readAll(*deferred_);
   } else if (isExternal()) {
     const ExternalDataRef ref = externalData();
     const fs::path path = fs::path(baseDir_.empty() ? "." : baseDir_) / ref.location;
@@ -348,7 +401,53 @@ float roundToOddFloat(double value) {
   std::memcpy(&rounded, &bits, sizeof(bits));
   return rounded;
 }
+template <typename T>
+double asDouble(T value) {
+  if constexpr (std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>) {
+    return static_cast<float>(value);
+  } else {
+    return static_cast<double>(value);
+  }
+}
+
+/// factor(i) gives element i's factor: a constant or an array read.
+template <typename T, typename Factor, typename Round>
+void scaleTyped(char* bytes, int64_t count, Factor factor, Round round) {
+  for (int64_t i = 0; i < count; ++i) {
+    T value;
+    std::memcpy(&value, bytes + i * sizeof(T), sizeof(T));
+    const T scaled = round(asDouble(value) * factor(i));
+    std::memcpy(bytes + i * sizeof(T), &scaled, sizeof(T));
+  }
+}
+
+template <typename Factor>
+void scaleElements(DataType type, char* bytes, int64_t count, Factor factor) {
+  switch (type) {
+    case DataType::Float:
+      scaleTyped<float>(bytes, count, factor, [](double v) { return static_cast<float>(v); });
+      break;
+    case DataType::Double: scaleTyped<double>(bytes, count, factor, [](double v) { return v; }); break;
+    case DataType::Float16:
+      scaleTyped<Eigen::half>(bytes, count, factor, [](double v) { return Eigen::half(roundToOddFloat(v)); });
+      break;
+    case DataType::BFloat16:
+      scaleTyped<Eigen::bfloat16>(bytes, count, factor,
+                                  [](double v) { return Eigen::bfloat16(roundToOddFloat(v)); });
+      break;
+    default:
+      throw std::invalid_argument("scaleElementsInPlace: " + dataTypeName(type) + " is not a floating-point type");
+  }
+}
 }  // namespace
+
+void scaleElementsInPlace(DataType type, char* bytes, int64_t count, double factor) {
+  scaleElements(type, bytes, count, [factor](int64_t) { return factor; });
+}
+
+void scaleElementsInPlace(DataType type, char* bytes, int64_t count, const double* factors) {
+  scaleElements(type, bytes, count, [factors](int64_t i) { return factors[i]; });
+}
 
 Tensor Tensor::fromDoubles(std::string name, DataType type, std::vector<int64_t> dims,
                            const std::vector<double>& values) {

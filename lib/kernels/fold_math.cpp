@@ -1,10 +1,11 @@
-// Folding math on double vectors. Weights are viewed through Eigen maps as row-major matrices so that each
-// scaling is one vectorised row- or column-wise product; maps are Unaligned because the callers' buffers need not
-// be (and it costs nothing measurable here).
+// Folding math on double vectors. Weight scaling walks the weight in runs of elements that share a channel
+// (forEachChannelRun), the same walk the streamed weights of lib/rules/scaled_weight.cpp use, so the two agree
+// by construction.
 #include "kernels/fold_math.h"
 
 #include <Eigen/Core>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -14,8 +15,6 @@
 namespace bnfold::kernels {
 namespace {
 
-using RowMajorMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using MatrixView = Eigen::Map<RowMajorMatrix, Eigen::Unaligned>;
 using ConstVectorView = Eigen::Map<const Eigen::VectorXd, Eigen::Unaligned>;
 
 std::string formatDims(const Dims& dims) {
@@ -64,38 +63,35 @@ void requireScalable(const char* function, std::optional<std::int64_t> channels,
   requireSameLength(function, static_cast<std::size_t>(*channels), scale.size(), "scale");
 }
 
-/// Scales row r of a [rows, rest] row-major view by scale[r].
-void scaleRows(std::vector<double>& weights, std::int64_t rows, const std::vector<double>& scale) {
-  if (rows == 0 || weights.empty()) return;
-  const auto rest = static_cast<Eigen::Index>(weights.size() / static_cast<std::size_t>(rows));
-  MatrixView matrix(weights.data(), rows, rest);
-  matrix.array().colwise() *= ConstVectorView(scale.data(), rows).array();
+/// Multiplies each weight by the scale of its channel.
+void scaleByChannel(std::vector<double>& weights, const ChannelIndexing& indexing, const std::vector<double>& scale) {
+  forEachChannelRun(indexing, 0, static_cast<std::int64_t>(weights.size()),
+                    [&](std::int64_t offset, std::int64_t length, std::int64_t channel) {
+                      const double factor = scale[static_cast<std::size_t>(channel)];
+                      for (std::int64_t i = offset; i < offset + length; ++i) weights[static_cast<std::size_t>(i)] *= factor;
+                    });
 }
 
-/// Scales column j of a [rows, columns] row-major view by scale[j].
-void scaleColumns(std::vector<double>& weights, std::int64_t columns, const std::vector<double>& scale) {
-  if (columns == 0 || weights.empty()) return;
-  const auto rows = static_cast<Eigen::Index>(weights.size() / static_cast<std::size_t>(columns));
-  MatrixView matrix(weights.data(), rows, columns);
-  matrix.array().rowwise() *= ConstVectorView(scale.data(), columns).array().transpose();
+/// Product of dims[from, to).
+std::int64_t dimsProduct(const Dims& dims, std::size_t from, std::size_t to) {
+  std::int64_t product = 1;
+  for (std::size_t i = from; i < to; ++i) product *= dims[i];
+  return product;
 }
 
-/// Weight `[A, B/group... , k...]` grouped on axis 0 with axis 1 indexing channels within the group: row r of
-/// axis 0 belongs to group r / (A/group), and its axis-1 index j is channel group*B + j. Scales that channel.
-/// This is both ConvTranspose's output axis and Conv's input axis.
-void scaleGroupedAxis1(std::vector<double>& weights, const Dims& dims, std::int64_t group,
-                       const std::vector<double>& scale) {
-  const std::int64_t rows = dims[0];
-  const std::int64_t rowsPerGroup = rows / group;
-  const std::int64_t channelsPerGroup = dims[1];
-  if (rows == 0 || channelsPerGroup == 0 || weights.empty()) return;
-  const auto kernelSize = static_cast<Eigen::Index>(weights.size() / static_cast<std::size_t>(rows * channelsPerGroup));
-  const Eigen::Index rowStride = channelsPerGroup * kernelSize;
-  for (std::int64_t row = 0; row < rows; ++row) {
-    const std::int64_t firstChannel = (row / rowsPerGroup) * channelsPerGroup;
-    MatrixView block(weights.data() + row * rowStride, channelsPerGroup, kernelSize);
-    block.array().colwise() *= ConstVectorView(scale.data() + firstChannel, channelsPerGroup).array();
-  }
+constexpr std::int64_t kUngrouped = std::numeric_limits<std::int64_t>::max();
+
+/// Rows of a [rows, inner...] weight: channel = index on axis 0.
+ChannelIndexing rowsIndexing(const Dims& dims) {
+  return {std::max<std::int64_t>(dimsProduct(dims, 1, dims.size()), 1), std::max<std::int64_t>(dims[0], 1), kUngrouped};
+}
+/// Columns of a [rows, columns] weight: channel = index on axis 1.
+ChannelIndexing columnsIndexing(const Dims& dims) { return {1, std::max<std::int64_t>(dims[1], 1), kUngrouped}; }
+/// Axis 1 of a [A, B, k...] weight whose axis 0 is split into `group` blocks (ConvTranspose's output channels,
+/// Conv's input channels): channel = group of the row * B + index on axis 1.
+ChannelIndexing groupedAxis1Indexing(const Dims& dims, std::int64_t group) {
+  return {std::max<std::int64_t>(dimsProduct(dims, 2, dims.size()), 1), std::max<std::int64_t>(dims[1], 1),
+          std::max<std::int64_t>(dims[0] / group, 1)};
 }
 
 bool isConvLike(const WeightLayout& layout) {
@@ -161,38 +157,38 @@ std::optional<std::int64_t> inputChannelCount(const WeightLayout& layout, const 
   return std::nullopt;
 }
 
+std::optional<ChannelIndexing> outputChannelIndexing(const WeightLayout& layout, const Dims& dims) {
+  if (!dimsFitLayout(layout, dims)) return std::nullopt;
+  switch (layout.kind) {
+    case WeightKind::Conv: return rowsIndexing(dims);
+    case WeightKind::ConvTranspose: return groupedAxis1Indexing(dims, layout.group);
+    case WeightKind::Gemm: return layout.transB ? rowsIndexing(dims) : columnsIndexing(dims);
+    case WeightKind::MatMul: return columnsIndexing(dims);
+  }
+  return std::nullopt;
+}
+
+std::optional<ChannelIndexing> inputChannelIndexing(const WeightLayout& layout, const Dims& dims) {
+  if (!dimsFitLayout(layout, dims)) return std::nullopt;
+  switch (layout.kind) {
+    case WeightKind::Conv: return groupedAxis1Indexing(dims, layout.group);
+    case WeightKind::ConvTranspose: return rowsIndexing(dims);
+    case WeightKind::Gemm: return layout.transB ? columnsIndexing(dims) : rowsIndexing(dims);
+    case WeightKind::MatMul: return rowsIndexing(dims);
+  }
+  return std::nullopt;
+}
+
 void scaleOutputChannels(const WeightLayout& layout, std::vector<double>& weights, const Dims& dims,
                          const std::vector<double>& scale) {
   requireScalable("scaleOutputChannels", outputChannelCount(layout, dims), layout, weights, dims, scale);
-  switch (layout.kind) {
-    case WeightKind::Conv: scaleRows(weights, dims[0], scale); break;
-    case WeightKind::ConvTranspose: scaleGroupedAxis1(weights, dims, layout.group, scale); break;
-    case WeightKind::Gemm:
-      if (layout.transB) {
-        scaleRows(weights, dims[0], scale);
-      } else {
-        scaleColumns(weights, dims[1], scale);
-      }
-      break;
-    case WeightKind::MatMul: scaleColumns(weights, dims[1], scale); break;
-  }
+  scaleByChannel(weights, *outputChannelIndexing(layout, dims), scale);
 }
 
 void scaleInputChannels(const WeightLayout& layout, std::vector<double>& weights, const Dims& dims,
                         const std::vector<double>& scale) {
   requireScalable("scaleInputChannels", inputChannelCount(layout, dims), layout, weights, dims, scale);
-  switch (layout.kind) {
-    case WeightKind::Conv: scaleGroupedAxis1(weights, dims, layout.group, scale); break;
-    case WeightKind::ConvTranspose: scaleRows(weights, dims[0], scale); break;
-    case WeightKind::Gemm:
-      if (layout.transB) {
-        scaleColumns(weights, dims[1], scale);
-      } else {
-        scaleRows(weights, dims[0], scale);
-      }
-      break;
-    case WeightKind::MatMul: scaleRows(weights, dims[0], scale); break;
-  }
+  scaleByChannel(weights, *inputChannelIndexing(layout, dims), scale);
 }
 
 std::vector<double> foldBias(const ChannelAffine& affine) {

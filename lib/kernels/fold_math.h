@@ -62,6 +62,53 @@ std::optional<std::int64_t> outputChannelCount(const WeightLayout& layout, const
 /// when the dims do not fit the layout.
 std::optional<std::int64_t> inputChannelCount(const WeightLayout& layout, const Dims& dims);
 
+/// Which channel each element of a flat weight belongs to. Element i lies in block q = i / inner; the block's
+/// index within its group is q % perGroup, its group (q / perGroup) / rowsPerGroup, and its channel
+/// group * perGroup + q % perGroup. One shape of formula covers rows, columns and grouped axes of every layout.
+struct ChannelIndexing {
+  std::int64_t inner = 1;         ///< consecutive elements sharing a channel (>= 1)
+  std::int64_t perGroup = 1;      ///< channels per group (>= 1)
+  std::int64_t rowsPerGroup = 1;  ///< blocks of perGroup channels in one group (>= 1)
+
+  std::int64_t channel(std::int64_t element) const {
+    const std::int64_t block = element / inner;
+    return (block / perGroup / rowsPerGroup) * perGroup + block % perGroup;
+  }
+};
+
+/// Which output channel (see scaleOutputChannels) each weight element feeds, or nullopt when dims do not fit
+/// the layout.
+std::optional<ChannelIndexing> outputChannelIndexing(const WeightLayout& layout, const Dims& dims);
+/// Which input channel (see scaleInputChannels) each weight element reads, or nullopt when dims do not fit.
+std::optional<ChannelIndexing> inputChannelIndexing(const WeightLayout& layout, const Dims& dims);
+
+/// Calls run(offset, length, channel) for consecutive runs of elements [first, first + count) that share a
+/// channel; offset is relative to `first`. One division per call, none per element.
+template <typename Run>
+void forEachChannelRun(const ChannelIndexing& indexing, std::int64_t first, std::int64_t count, Run&& run) {
+  if (count <= 0) return;
+  std::int64_t block = first / indexing.inner;
+  std::int64_t withinGroup = block % indexing.perGroup;
+  std::int64_t row = block / indexing.perGroup;
+  std::int64_t rowInGroup = row % indexing.rowsPerGroup;
+  std::int64_t group = row / indexing.rowsPerGroup;
+  std::int64_t done = 0;
+  std::int64_t runLength = (block + 1) * indexing.inner - first;
+  while (done < count) {
+    const std::int64_t length = runLength < count - done ? runLength : count - done;
+    run(done, length, group * indexing.perGroup + withinGroup);
+    done += length;
+    runLength = indexing.inner;
+    if (++withinGroup == indexing.perGroup) {
+      withinGroup = 0;
+      if (++rowInGroup == indexing.rowsPerGroup) {
+        rowInGroup = 0;
+        ++group;
+      }
+    }
+  }
+}
+
 /// Multiplies every weight that feeds output channel o by scale[o], in place, so that the layer output channel o
 /// becomes scale[o] times what it was (the bias is handled separately by foldBias / foldGemmBias).
 /// - Conv: rows of axis 0 (also depthwise, any kernel rank).

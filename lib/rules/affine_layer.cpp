@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "scaled_weight.h"
 #include "value_shape.h"
 
 namespace bnfold::rules {
@@ -175,10 +176,16 @@ std::string writeBias(Rewriter& rewriter, const AffineLayer& layer, const kernel
   return value->name();
 }
 
-std::string writeWeight(Rewriter& rewriter, const AffineLayer& layer, const std::vector<double>& weights,
-                        const std::string& suffix) {
-  Value* value = addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(), weights,
-                           layer.weightValue->name() + suffix);
+std::string writeScaledWeight(Rewriter& rewriter, const AffineLayer& layer, ChannelSide side,
+                              std::vector<double> scale, const std::string& suffix) {
+  const auto dims = layer.weight->dims();
+  // readAffineLayer checked that the dims fit the layout.
+  const kernels::ChannelIndexing indexing = side == ChannelSide::Output
+                                                ? *kernels::outputChannelIndexing(layer.layout, dims)
+                                                : *kernels::inputChannelIndexing(layer.layout, dims);
+  auto bytes = scaledChannelBytes(layer.weight->byteSource(), layer.type(), indexing, std::move(scale));
+  Value* value = rewriter.addInitializer(*layer.node->graph(), Tensor::deferred("", layer.type(), dims, std::move(bytes)),
+                                         layer.weightValue->name() + suffix);
   rewriter.setInput(layer.node, 1, value);
   return value->name();
 }

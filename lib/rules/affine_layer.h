@@ -69,9 +69,14 @@ std::optional<kernels::GemmBiasFold> foldedBias(const AffineLayer& layer, const 
 /// Returns the new tensor's name.
 std::string writeBias(Rewriter& rewriter, const AffineLayer& layer, const kernels::GemmBiasFold& bias);
 
-/// Writes new weights (same dims and type as the old) and points the layer at them. Returns the new name.
-std::string writeWeight(Rewriter& rewriter, const AffineLayer& layer, const std::vector<double>& weights,
-                        const std::string& suffix);
+/// Which channels of a layer a per-channel factor applies to.
+enum class ChannelSide { Output, Input };
+
+/// Writes the layer's weights multiplied by scale[c] along its output or input channels (see
+/// kernels::scaleOutputChannels / scaleInputChannels) as a new initializer, and points the layer at it. The
+/// products are computed when the tensor is read or saved, not here. Returns the new name.
+std::string writeScaledWeight(Rewriter& rewriter, const AffineLayer& layer, ChannelSide side,
+                              std::vector<double> scale, const std::string& suffix);
 
 /// A new initializer in `anchor`'s graph holding `values` rounded once to `type`.
 Value* addTensor(Rewriter& rewriter, const Node& anchor, DataType type, std::vector<int64_t> dims,

@@ -117,11 +117,10 @@ class FoldBatchNormForward final : public Rule {
     entry["bias_after"] = entry["bias_before"];
     entry["bias_created"] = false;
 
-    const std::vector<double> original = layer.weight->toDoubles();
-    const auto dims = layer.weight->dims();
     if (match.foldShift) {
       // The shift, pushed through the original weights, is a constant per output channel.
-      std::vector<double> response = kernels::inputShiftResponse(layer.layout, original, dims, affine.shift);
+      std::vector<double> response =
+          kernels::inputShiftResponse(layer.layout, layer.weight->toDoubles(), layer.weight->dims(), affine.shift);
       for (double& r : response) r *= layer.alpha;
       const std::vector<double> ones(response.size(), 1.0);
       if (auto bias = foldedBias(layer, {ones, response})) {
@@ -131,9 +130,7 @@ class FoldBatchNormForward final : public Rule {
         if (layer.isGemm() && modelOpset(rewriter) < 7) rewriter.setAttribute(layer.node, intAttribute("broadcast", 1));
       }
     }
-    std::vector<double> weights = original;
-    kernels::scaleInputChannels(layer.layout, weights, dims, affine.scale);
-    entry["weight_after"] = writeWeight(rewriter, layer, weights, "_folded");
+    entry["weight_after"] = writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded");
 
     rewriter.setInput(layer.node, 0, match.bn->input(0));
     rewriter.eraseNode(match.bn);

@@ -149,9 +149,7 @@ class FoldBatchNormIntoLayer final : public Rule {
     entry["bias_before"] = layer.biasValue ? nlohmann::json(layer.biasValue->name()) : nlohmann::json();
 
     // W' = W * k per output channel, always into a new initializer (W may be shared).
-    std::vector<double> weights = layer.weight->toDoubles();
-    kernels::scaleOutputChannels(layer.layout, weights, layer.weight->dims(), affine.scale);
-    const std::string weightAfter = writeWeight(rewriter, layer, weights, "_folded");
+    const std::string weightAfter = writeScaledWeight(rewriter, layer, ChannelSide::Output, affine.scale, "_folded");
     entry["weight_after"] = weightAfter;
 
     const Value* output = into->output(0);

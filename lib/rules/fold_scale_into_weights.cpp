@@ -55,8 +55,6 @@ class FoldScaleIntoWeights final : public Rule {
   void rewrite(Match& base, Rewriter& rewriter) const override {
     auto& match = static_cast<ScaleFoldMatch&>(base);
     const AffineLayer& layer = match.layer;
-    std::vector<double> weights = layer.weight->toDoubles();
-    const auto dims = layer.weight->dims();
     nlohmann::json entry = {{"mul", match.mul->name()},
                             {"layer", layer.node->name()},
                             {"layer_op", layer.node->opType()},
@@ -69,13 +67,11 @@ class FoldScaleIntoWeights final : public Rule {
     entry["bias_before"] = biasBefore;
     entry["bias_after"] = biasBefore;
     if (match.before) {
-      kernels::scaleInputChannels(layer.layout, weights, dims, match.scale);
-      entry["weight_after"] = writeWeight(rewriter, layer, weights, "_scaled");
+      entry["weight_after"] = writeScaledWeight(rewriter, layer, ChannelSide::Input, match.scale, "_scaled");
       rewriter.setInput(layer.node, 0, match.input);
       rewriter.eraseNode(match.mul);
     } else {
-      kernels::scaleOutputChannels(layer.layout, weights, dims, match.scale);
-      entry["weight_after"] = writeWeight(rewriter, layer, weights, "_scaled");
+      entry["weight_after"] = writeScaledWeight(rewriter, layer, ChannelSide::Output, match.scale, "_scaled");
       if (layer.biasSlot >= 0) {
         const std::vector<double> noShift(match.scale.size(), 0.0);
         if (auto bias = foldedBias(layer, {match.scale, noShift}))

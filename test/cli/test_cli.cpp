@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -102,6 +103,25 @@ TEST_CASE("verbose logs go to stderr, quiet silences them, stdout stays clean", 
   REQUIRE(runCommand(cli("-v fold " + sample("resnet_block.onnx") + " -o " + dir.file("a.onnx")), &out, &err) == 0);
   CHECK(out.empty());
   CHECK_THAT(err, Catch::Contains("bnfold: info:"));
+  REQUIRE(runCommand(cli("-q fold " + sample("resnet_block.onnx") + " -o " + dir.file("b.onnx")), &out, &err) == 0);
+  CHECK(err.empty());
+}
+
+TEST_CASE("fold --timings prints load, rules and save times on stderr even with -q", "[cli]") {
+  TempDir dir;
+  std::string out, err;
+  REQUIRE(runCommand(cli("-q fold " + sample("resnet_block.onnx") + " -o " + dir.file("a.onnx") + " --timings"), &out,
+                     &err) == 0);
+  CHECK(out.empty());
+  const std::regex line(R"(bnfold: timings: load [0-9.]+ s, rules [0-9.]+ s, save [0-9.]+ s, total [0-9.]+ s\n)");
+  CHECK(std::regex_match(err, line));
+  // Several models: one line per model, named.
+  REQUIRE(runCommand(cli("-q fold " + sample("resnet_block.onnx") + " " + sample("unfoldable_bn.onnx") +
+                         " --out-dir " + dir.file("out") + " --timings --jobs 1"),
+                     &out, &err) == 0);
+  CHECK_THAT(err, Catch::Contains("bnfold: timings: " + sample("resnet_block.onnx") + ": load ") &&
+                      Catch::Contains("bnfold: timings: " + sample("unfoldable_bn.onnx") + ": load "));
+  // Without the flag, nothing.
   REQUIRE(runCommand(cli("-q fold " + sample("resnet_block.onnx") + " -o " + dir.file("b.onnx")), &out, &err) == 0);
   CHECK(err.empty());
 }

@@ -289,7 +289,7 @@ g (float[4096] x) => (float[4096] y)
   auto model = loadModel(dir.file("in.onnx"), keepNames);
   const Tensor* loaded = model->graph().findLocal("big")->initializer();
   REQUIRE(loaded->deferredRawData() != nullptr);
-  CHECK(loaded->deferredRawData()->length == 4096 * 4);
+  CHECK(loaded->deferredRawData()->size() == 4096 * 4);
   CHECK(model->graph().findLocal("small")->initializer()->deferredRawData() == nullptr);
   CHECK(loaded->proto().raw_data().empty());
   CHECK(loaded->toDoubles()[3] == Approx(-5.5));

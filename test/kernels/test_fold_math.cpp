@@ -688,3 +688,68 @@ TEST_CASE("training-mode BN statistics and running-stat update", "[kernels]") {
     CHECK_THROWS_AS(k::batchStatistics({}, {0, 3}), std::invalid_argument);
   }
 }
+
+namespace {
+/// The channel of each element of a weight, worked out from its multi-index as the ONNX layouts define it.
+std::vector<std::int64_t> channelsByLayout(const WeightLayout& layout, const Dims& dims, bool output) {
+  std::vector<std::int64_t> channels;
+  forEachIndex(dims, [&](const Dims& index) {
+    const std::int64_t group = dims.size() >= 2 ? index[0] / (dims[0] / layout.group) : 0;
+    switch (layout.kind) {
+      case WeightKind::Conv:  // [M, C/g, k...]
+        channels.push_back(output ? index[0] : group * dims[1] + index[1]);
+        break;
+      case WeightKind::ConvTranspose:  // [C, M/g, k...]
+        channels.push_back(output ? group * dims[1] + index[1] : index[0]);
+        break;
+      case WeightKind::Gemm:  // [K, N] or, transposed, [N, K]
+        channels.push_back(output == layout.transB ? index[0] : index[1]);
+        break;
+      case WeightKind::MatMul:  // [K, N]
+        channels.push_back(output ? index[1] : index[0]);
+        break;
+    }
+  });
+  return channels;
+}
+}  // namespace
+
+TEST_CASE("channel indexing and channel runs agree with the layouts element by element", "[kernels]") {
+  using Kind = WeightKind;
+  const std::vector<std::pair<WeightLayout, Dims>> cases = {
+      {{Kind::Conv, 1, false}, {4, 3, 2, 2}},         {{Kind::Conv, 2, false}, {6, 2, 3}},
+      {{Kind::Conv, 4, false}, {4, 1, 3, 3}},         {{Kind::Conv, 1, false}, {3, 2, 1, 1, 1}},
+      {{Kind::ConvTranspose, 1, false}, {3, 4, 2}},   {{Kind::ConvTranspose, 3, false}, {6, 2, 2, 2}},
+      {{Kind::ConvTranspose, 2, false}, {4, 3, 1}},   {{Kind::Gemm, 1, false}, {5, 3}},
+      {{Kind::Gemm, 1, true}, {5, 3}},                {{Kind::MatMul, 1, false}, {4, 7}},
+      {{Kind::MatMul, 1, false}, {1, 1}},
+  };
+  for (const auto& [layout, dims] : cases) {
+    for (bool output : {true, false}) {
+      INFO("kind " << static_cast<int>(layout.kind) << " group " << layout.group << " transB " << layout.transB
+                   << " dims " << dims.size() << "-D first " << dims[0] << (output ? " output" : " input"));
+      const auto expected = channelsByLayout(layout, dims, output);
+      const auto indexing = output ? k::outputChannelIndexing(layout, dims) : k::inputChannelIndexing(layout, dims);
+      REQUIRE(indexing.has_value());
+      const auto count = static_cast<std::int64_t>(expected.size());
+      for (std::int64_t i = 0; i < count; ++i) REQUIRE(indexing->channel(i) == expected[static_cast<std::size_t>(i)]);
+      // Every window [first, first + length) walks as runs that cover it exactly, each with the right channel.
+      for (std::int64_t first = 0; first < count; ++first) {
+        for (std::int64_t length = 0; first + length <= count; ++length) {
+          std::int64_t covered = 0;
+          bool right = true;
+          k::forEachChannelRun(*indexing, first, length, [&](std::int64_t offset, std::int64_t run, std::int64_t c) {
+            right = right && offset == covered && run > 0;
+            for (std::int64_t j = offset; j < offset + run; ++j)
+              right = right && c == expected[static_cast<std::size_t>(first + j)];
+            covered += run;
+          });
+          REQUIRE(right);
+          REQUIRE(covered == length);
+        }
+      }
+    }
+  }
+  CHECK_FALSE(k::outputChannelIndexing({Kind::Conv, 3, false}, {8, 2, 3}).has_value());
+  CHECK_FALSE(k::inputChannelIndexing({Kind::Gemm, 1, false}, {2, 3, 4}).has_value());
+}

@@ -77,6 +77,37 @@ struct FileRange {
   int64_t length = 0;
 };
 
+/// A tensor's packed bytes that the TensorProto does not hold: left in a file, or computed on demand from
+/// another tensor's bytes (a folded weight). Readers ask for ranges, so the writer can stream a large tensor
+/// without holding all of it; ranges start and end on element boundaries.
+class DeferredBytes {
+ public:
+  virtual ~DeferredBytes() = default;
+  virtual int64_t size() const = 0;
+  /// Copies bytes [offset, offset + length) into `out`. Throws bnfold::Error when the source cannot be read.
+  virtual void read(int64_t offset, int64_t length, char* out) const = 0;
+  /// Where the bytes lie unchanged in a file, if they do (the writer then copies file to file).
+  virtual const FileRange* fileRange() const { return nullptr; }
+};
+
+/// DeferredBytes that are a byte range of a file.
+class FileBytes final : public DeferredBytes {
+ public:
+  explicit FileBytes(FileRange range) : range_(std::move(range)) {}
+  int64_t size() const override { return range_.length; }
+  void read(int64_t offset, int64_t length, char* out) const override;
+  const FileRange* fileRange() const override { return &range_; }
+
+ private:
+  FileRange range_;
+};
+
+/// Multiplies `count` packed elements of a floating-point `type` in place by `factor`: each is computed in
+/// double and rounded once to `type` (as Tensor::fromDoubles rounds).
+void scaleElementsInPlace(DataType type, char* bytes, int64_t count, double factor);
+/// The same with one factor per element: element i is multiplied by factors[i].
+void scaleElementsInPlace(DataType type, char* bytes, int64_t count, const double* factors);
+
 class Tensor {
  public:
   /// Takes ownership of a loaded TensorProto. `baseDir` is the folder external data paths are relative to.
@@ -84,6 +115,12 @@ class Tensor {
   /// A tensor whose raw_data was left in the model file: `proto` has every field but raw_data, and `rawData`
   /// says where those bytes are. They are read (and cached) only when someone asks for them.
   Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir, FileRange rawData);
+  /// A tensor whose bytes come from `bytes` when someone needs them (`proto` has every field but the data).
+  Tensor(std::unique_ptr<onnx::TensorProto> proto, std::shared_ptr<const DeferredBytes> bytes);
+
+  /// A new tensor of the given type and dims whose packed bytes are `bytes` (read when needed).
+  static Tensor deferred(std::string name, DataType type, std::vector<int64_t> dims,
+                         std::shared_ptr<const DeferredBytes> bytes);
 
   /// A new tensor from double values, rounded once to `type` (float, double, float16 or bfloat16).
   static Tensor fromDoubles(std::string name, DataType type, std::vector<int64_t> dims,
@@ -132,15 +169,19 @@ class Tensor {
   void returnProto(std::unique_ptr<onnx::TensorProto> proto) { proto_ = std::move(proto); }
   /// Drop a cached copy of bytes that can be read again (external data, deferred raw_data).
   void releaseCachedBytes() const;
-  /// Where raw_data still lies in the model file, or null when the proto holds its data itself.
-  const FileRange* deferredRawData() const { return deferred_ ? &*deferred_ : nullptr; }
-  /// Reads deferred raw_data into the proto, so the proto alone is complete.
+  /// The bytes the proto does not hold (raw_data left in the model file, or computed on demand), or null when
+  /// the proto holds its data itself (or names external data).
+  const DeferredBytes* deferredRawData() const { return deferred_.get(); }
+  /// Reads deferred bytes into the proto's raw_data, so the proto alone is complete.
   void materialize();
+  /// The packed bytes as a source that stays readable after this tensor changes or is gone: shares deferred
+  /// bytes, opens external data, copies bytes held in the proto. Numeric types only.
+  std::shared_ptr<const DeferredBytes> byteSource() const;
 
  private:
   std::unique_ptr<onnx::TensorProto> proto_;
   std::string baseDir_;
-  std::optional<FileRange> deferred_;
+  std::shared_ptr<const DeferredBytes> deferred_;
   bool preferExternal_ = false;
   mutable std::string packedBytes_;  // only for typed fields or external data
   mutable bool packedBytesReady_ = false;

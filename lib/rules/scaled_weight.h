@@ -1,0 +1,20 @@
+#pragma once
+// A layer weight multiplied per channel, computed when its bytes are read. Folding a BN into a 100 MB weight
+// thus never holds the weight twice: the writer streams the scaled bytes from the original's (which may still
+// lie in the model file) chunk by chunk.
+
+#include <memory>
+#include <vector>
+
+#include "bnfold/ir/tensor.h"
+#include "kernels/fold_math.h"
+
+namespace bnfold::rules {
+
+/// Bytes of `source` (packed elements of floating `type`) with every element multiplied by the scale of its
+/// channel under `indexing`, each computed in double and rounded once to `type`.
+std::shared_ptr<const DeferredBytes> scaledChannelBytes(std::shared_ptr<const DeferredBytes> source, DataType type,
+                                                        kernels::ChannelIndexing indexing,
+                                                        std::vector<double> scale);
+
+}  // namespace bnfold::rules

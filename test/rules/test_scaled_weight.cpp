@@ -1,0 +1,134 @@
+// Folded weights are computed when they are read or saved (lib/rules/scaled_weight): read in any chunking they
+// must give exactly the bytes of the eager computation (double products rounded once), and every save path —
+// spliced into the main graph, inline in a subgraph, streamed into external data — must write those bytes.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bnfold/io/model_io.h"
+#include "rules/scaled_weight.h"
+#include "test_bn_fold_support.h"
+#include "test_support.h"
+
+using namespace bnfold;
+using namespace bnfold::test;
+using namespace bnfold::test::bnfold_cases;
+
+namespace {
+
+std::string readAll(const DeferredBytes& bytes) {
+  std::string out(static_cast<std::size_t>(bytes.size()), '\0');
+  bytes.read(0, bytes.size(), out.data());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("scaled weights read in any chunking equal the eager double computation", "[scaled-weight]") {
+  using Kind = kernels::WeightKind;
+  const std::vector<std::pair<kernels::WeightLayout, kernels::Dims>> layouts = {
+      {{Kind::Conv, 2, false}, {6, 2, 3, 3}},
+      {{Kind::ConvTranspose, 3, false}, {6, 2, 2, 1}},
+      {{Kind::Gemm, 1, false}, {5, 7}},
+      {{Kind::Gemm, 1, true}, {7, 5}},
+      {{Kind::MatMul, 1, false}, {4, 9}},
+  };
+  for (DataType type : {DataType::Float, DataType::Double, DataType::Float16, DataType::BFloat16}) {
+    for (const auto& [layout, dims] : layouts) {
+      for (bool output : {true, false}) {
+        INFO(dataTypeName(type) << " kind " << static_cast<int>(layout.kind) << (output ? " output" : " input"));
+        const auto channels = output ? *kernels::outputChannelCount(layout, dims)
+                                     : *kernels::inputChannelCount(layout, dims);
+        const std::vector<double> scale = sampleValues(static_cast<std::size_t>(channels), 3.0, -2.0, 2.0);
+        const Tensor original = Tensor::fromDoubles("w", type, dims, sampleValues(product(dims, 0), 4.0, -3.0, 3.0));
+
+        // Eager reference: every element to double, scaled, rounded once.
+        std::vector<double> expectedValues = original.toDoubles();
+        if (output) kernels::scaleOutputChannels(layout, expectedValues, dims, scale);
+        else kernels::scaleInputChannels(layout, expectedValues, dims, scale);
+        const std::string expected(Tensor::fromDoubles("e", type, dims, expectedValues).bytes());
+
+        const auto indexing = output ? *kernels::outputChannelIndexing(layout, dims)
+                                     : *kernels::inputChannelIndexing(layout, dims);
+        auto scaled = rules::scaledChannelBytes(original.byteSource(), type, indexing, scale);
+        REQUIRE(readAll(*scaled) == expected);
+        const auto elementBytes = static_cast<int64_t>(elementSize(type));
+        for (int64_t chunkElements : {1, 2, 5, 7, 64}) {
+          std::string chunked(expected.size(), '\0');
+          for (int64_t offset = 0; offset < scaled->size(); offset += chunkElements * elementBytes) {
+            const int64_t length = std::min<int64_t>(chunkElements * elementBytes, scaled->size() - offset);
+            scaled->read(offset, length, chunked.data() + offset);
+          }
+          REQUIRE(chunked == expected);
+        }
+        // A fold of a fold (two BNs in a row) scales the already rounded values again.
+        auto twice = rules::scaledChannelBytes(scaled, type, indexing, scale);
+        std::vector<double> twiceValues = Tensor::fromDoubles("e", type, dims, expectedValues).toDoubles();
+        if (output) kernels::scaleOutputChannels(layout, twiceValues, dims, scale);
+        else kernels::scaleInputChannels(layout, twiceValues, dims, scale);
+        CHECK(readAll(*twice) == std::string(Tensor::fromDoubles("e", type, dims, twiceValues).bytes()));
+        // Reads must fall on element boundaries.
+        if (elementBytes > 1) CHECK_THROWS_AS(scaled->read(1, elementBytes, std::string(8, '\0').data()),
+                                              std::invalid_argument);
+      }
+    }
+  }
+}
+
+TEST_CASE("a folded weight of an external-data model is streamed into the output's data file", "[scaled-weight][external]") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.file("in"));
+  const std::vector<int64_t> weightDims{16, 8, 3, 3};
+  const BnParams bn = makeBnParams(16, 2.0);
+  const std::vector<double> weights = asFloats(sampleValues(product(weightDims, 0), 5.0));
+  onnx::ModelProto proto = parseModelProto(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (float[1,8,6,6] x) => (float[1,16,6,6] y)
+<)ONNX" + tensorText("float", "w", weightDims, weights) + ", " + bnInitializers(bn) + R"ONNX(>
+{
+  c = Conv <pads = [1,1,1,1]> (x, w)
+  y = BatchNormalization <epsilon = 0.001> (c, s, b, m, v)
+}
+)ONNX");
+  // Move w into a data file beside the model.
+  auto* w = proto.mutable_graph()->mutable_initializer(0);
+  const std::string data(Tensor::fromDoubles("w", DataType::Float, weightDims, weights).bytes());
+  std::ofstream(dir.file("in/w.bin"), std::ios::binary) << data;
+  w->clear_float_data();
+  w->set_data_location(onnx::TensorProto::EXTERNAL);
+  for (auto [key, value] : {std::pair<std::string, std::string>{"location", "w.bin"}, {"offset", "0"},
+                            {"length", std::to_string(data.size())}}) {
+    auto* entry = w->add_external_data();
+    entry->set_key(key);
+    entry->set_value(value);
+  }
+  {
+    std::ofstream out(dir.file("in/model.onnx"), std::ios::binary);
+    proto.SerializeToOstream(&out);
+  }
+
+  auto model = loadModel(dir.file("in/model.onnx"));
+  applyRules(*model, {"bn-fold"});
+  REQUIRE(countOps(*model, "BatchNormalization") == 0);
+  const Tensor* folded = findNode(model->graph(), "Conv")->input(1)->initializer();
+  REQUIRE(folded->deferredRawData() != nullptr);  // computed on save, not held
+  saveModel(*model, dir.file("folded.onnx"));
+  CHECK(folded->deferredRawData() != nullptr);
+
+  auto reloaded = loadModel(dir.file("folded.onnx"));
+  const Tensor* saved = findNode(reloaded->graph(), "Conv")->input(1)->initializer();
+  REQUIRE(saved->isExternal());
+  CHECK(saved->externalData().location == "folded.onnx.data");
+  std::vector<double> expected = weights;
+  kernels::scaleOutputChannels({kernels::WeightKind::Conv, 1, false}, expected, weightDims, bnMultiplier(bn));
+  CHECK(std::string(saved->bytes()) ==
+        std::string(Tensor::fromDoubles("e", DataType::Float, weightDims, expected).bytes()));
+
+  const OrtComparison comparison = compareInOrt(dir.file("in/model.onnx"), dir.file("folded.onnx"), 1e-5, 1e-4);
+  INFO(comparison.error << " " << comparison.details.dump());
+  CHECK(comparison.ok);
+}
