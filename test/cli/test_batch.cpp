@@ -18,27 +18,12 @@ using bnfold::test::TempDir;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
+using bnfold::test::cli;
+using bnfold::test::sample;
+using bnfold::test::lines;
+using bnfold::test::readFile;
+using bnfold::test::writeFile;
 namespace {
-
-std::string cli(const std::string& args) { return bnfold::test::bnfoldExecutable() + " " + args; }
-std::string sample(const std::string& name) { return bnfold::test::sourceDir() + "/models/" + name; }
-
-std::string readFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-void writeFile(const std::string& path, const std::string& bytes) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << bytes;
-}
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream stream(text);
-  for (std::string line; std::getline(stream, line);) out.push_back(line);
-  return out;
-}
 
 // Every file below `dir` (relative path -> bytes).
 std::map<std::string, std::string> snapshot(const std::string& dir) {

@@ -16,15 +16,11 @@ using bnfold::test::runCommand;
 using bnfold::test::TempDir;
 using nlohmann::json;
 
+using bnfold::test::cli;
+using bnfold::test::sample;
+using bnfold::test::lines;
+using bnfold::test::readFile;
 namespace {
-
-std::string cli(const std::string& args) { return bnfold::test::bnfoldExecutable() + " " + args; }
-std::string sample(const std::string& name) { return bnfold::test::sourceDir() + "/models/" + name; }
-
-std::string readFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
 
 std::string writeModel(const TempDir& dir, const std::string& name, const std::string& onnxText) {
   std::string bytes;
@@ -32,13 +28,6 @@ std::string writeModel(const TempDir& dir, const std::string& name, const std::s
   const std::string path = dir.file(name);
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
-}
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream stream(text);
-  for (std::string line; std::getline(stream, line);) out.push_back(line);
-  return out;
 }
 
 // Every file below `dir` with its bytes: a folder's complete state.

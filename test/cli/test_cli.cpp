@@ -14,14 +14,9 @@
 using bnfold::test::runCommand;
 using bnfold::test::TempDir;
 
-namespace {
-std::string cli(const std::string& args) { return bnfold::test::bnfoldExecutable() + " " + args; }
-std::string sample(const std::string& name) { return bnfold::test::sourceDir() + "/models/" + name; }
-std::string readFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-}  // namespace
+using bnfold::test::cli;
+using bnfold::test::sample;
+using bnfold::test::readFile;
 
 TEST_CASE("the version flag prints the version", "[cli]") {
   std::string out;

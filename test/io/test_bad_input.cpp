@@ -9,18 +9,9 @@
 
 using bnfold::test::TempDir;
 
+using bnfold::test::readFile;
+using bnfold::test::writeFile;
 namespace {
-
-std::string readFile(const std::string& path) {
-  if (!std::filesystem::is_regular_file(path)) return {};
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-void writeFile(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out << bytes;
-}
 
 std::string serialize(const onnx::ModelProto& proto) {
   std::string bytes;

@@ -14,17 +14,9 @@
 using namespace bnfold;
 using bnfold::test::TempDir;
 
+using bnfold::test::readFile;
+using bnfold::test::writeFile;
 namespace {
-
-std::string readFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-void writeFile(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out << bytes;
-}
 
 // A model that uses every part of the format bnfold must carry through untouched.
 onnx::ModelProto richModel() {

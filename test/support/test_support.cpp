@@ -135,4 +135,27 @@ FoldOutcome applyRulesAndCompare(Model& model, const std::vector<std::string>& r
   return outcome;
 }
 
+std::string cli(const std::string& args) { return bnfoldExecutable() + " " + args; }
+
+std::string sample(const std::string& name) { return sourceDir() + "/models/" + name; }
+
+std::string readFile(const std::string& path) {
+  if (!std::filesystem::is_regular_file(path)) return {};
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+void writeFile(const std::string& path, const std::string& bytes) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream stream(text);
+  for (std::string line; std::getline(stream, line);) out.push_back(line);
+  return out;
+}
+
 }  // namespace bnfold::test

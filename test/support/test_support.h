@@ -69,5 +69,16 @@ int runCommand(const std::string& command, std::string* out = nullptr, std::stri
 /// Paths known at build time.
 std::string sourceDir();
 std::string bnfoldExecutable();
+/// The bnfold executable followed by `args`, for runCommand.
+std::string cli(const std::string& args);
+/// Path of a sample model in models/.
+std::string sample(const std::string& name);
+
+/// A file's bytes; empty when it is missing or not a regular file.
+std::string readFile(const std::string& path);
+/// Writes `bytes` to `path`, creating its folder.
+void writeFile(const std::string& path, const std::string& bytes);
+/// The lines of a text, without their line ends.
+std::vector<std::string> lines(const std::string& text);
 
 }  // namespace bnfold::test
