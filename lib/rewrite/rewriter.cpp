@@ -243,6 +243,21 @@ void Rewriter::record(const std::string& section, nlohmann::json entry) {
 void Rewriter::finish() {
   // Retired values have an empty name; initializers and values are compacted in one pass per graph.
   for (Graph* graph : dirtyGraphs_) {
+    // IR version 3 demands every initializer of the main graph to be listed as a graph input too (onnx::checker
+    // rejects the model otherwise): list the ones rewrites added, once it is known which of them survive.
+    if (model_.irVersion() < 4 && graph->parent() == nullptr) {
+      for (Value* value : graph->initializers_) {
+        if (value->name_.empty() || value->graphInput_) continue;
+        ValueInfoEntry entry{value, {}, false};
+        entry.info.set_name(value->name_);
+        onnx::TypeProto::Tensor* type = entry.info.mutable_type()->mutable_tensor_type();
+        type->set_elem_type(static_cast<int32_t>(value->initializer_->dataType()));
+        onnx::TensorShapeProto* shape = type->mutable_shape();
+        for (int64_t dim : value->initializer_->dims()) shape->add_dim()->set_dim_value(dim);
+        graph->inputs_.push_back(std::move(entry));
+        value->graphInput_ = true;
+      }
+    }
     auto& infos = graph->valueInfo_;
     infos.erase(std::remove_if(infos.begin(), infos.end(), [](const ValueInfoEntry& e) { return e.removed; }),
                 infos.end());

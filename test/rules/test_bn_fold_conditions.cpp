@@ -2,6 +2,7 @@
 // code (and that the graph is untouched); the sharing, chaining, degenerate-parameter, subgraph, IR-version and
 // clean-up cases are positive tests with an ONNX Runtime check where it has kernels.
 #include <catch2/catch.hpp>
+#include <onnx/checker.h>
 
 #include <limits>
 #include <set>
@@ -118,11 +119,29 @@ TEST_CASE("bn-fold: initializers that are also graph inputs", "[bn-fold]") {
     CHECK(model->graph().inputs().size() == 2);
   }
   SECTION("IR 3: every initializer is listed as an input, and they are constants") {
-    auto model = parseModel(text(3));
+    // A valid IR-3 model lists every initializer among the graph inputs.
+    auto model = parseModel(header(8, 3) + R"(g (float[1,2,3,3] x, )" + kWeight +
+                            R"(, float[2] s = {1.5, -0.5}, float[2] b = {0.25, -1}, float[2] m = {0.125, -0.375},
+   float[2] v = {0.5, 2}) => (float[1,2,3,3] y)
+{
+  c = Conv (x, w)
+  y = BatchNormalization (c, s, b, m, v)
+}
+)");
+    REQUIRE_NOTHROW(onnx::checker::check_model(modelToProto(*model)));
     const Report report = foldAndCompare(*model);
     CHECK(report.section("folds").size() == 1);
     CHECK(opSequence(model->graph()) == "Conv");
-    CHECK(model->graph().inputs().size() == 2);
+    // The new weight and bias are listed as inputs too, so the result is still valid IR 3.
+    std::set<std::string> inputNames;
+    for (const auto& input : model->graph().inputs())
+      if (input.value) inputNames.insert(input.value->name());
+    CHECK(model->graph().initializers().size() >= 2);
+    for (const Value* initializer : model->graph().initializers()) {
+      CAPTURE(initializer->name());
+      CHECK(inputNames.count(initializer->name()) == 1);
+    }
+    CHECK_NOTHROW(onnx::checker::check_model(modelToProto(*model)));
   }
 }
 
