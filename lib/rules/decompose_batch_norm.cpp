@@ -1,11 +1,18 @@
 // Before:     Y = BatchNormalization(X, s, b, m, v)                (inference mode, not foldable into a layer)
-// After:      Y = Add(Mul(X, k), t)
-// Conditions: inference-mode BN with constant, finite params and v + eps > 0; X's rank known, so k and t can be
-//             shaped [C, 1, ..., 1] (rank of X minus 1) to broadcast over the channel axis 1 — numpy broadcasting
-//             aligns from the last axis, so a plain [C] would land on the last axis; spatial=0 params
-//             [C, D1, ...] already have the shape of one sample and are used as they are; X's element type
-//             known (from opset 15 the params may have another type than X). Off by default: it only helps
-//             runtimes without a BatchNormalization kernel, as TVM's SimplifyInference does.
+// After:      Y = Add(Mul(X, k), t)                                                      (opset 7 and later)
+//             Y = Add(Mul(X, k, broadcast=1, axis=1), t, broadcast=1, axis=1)           (opsets 1 and 6)
+// Conditions: inference-mode BN (opsets 1/6: is_test=1) with constant, finite params and v + eps > 0; X's
+//             element type known (from opset 15 the params may have another type than X). Off by default: it
+//             only helps runtimes without a BatchNormalization kernel, as TVM's SimplifyInference does.
+//             Opset 7+: numpy broadcasting aligns shapes from the last axis, so a plain [C] would land on the
+//             last axis: X's rank must be known, and k and t are shaped [C, 1, ..., 1] (rank of X minus 1).
+//             Opsets 1/6: Mul and Add broadcast only when told (`broadcast=1`), aligning the right operand's
+//             shape with X's from `axis`; axis=1 puts [C] on the channel axis whatever X's rank, so the rank
+//             need not be known. Legacy broadcasting cannot expand size-1 dims, so spatial=0 params must have
+//             exactly X's dims after N (checked when X's shape is known). The attributes are the same in
+//             Mul-1/Add-1 (whose `consumed_inputs` is optional and left out) and Mul-6/Add-6.
+//             spatial=0 params [C, D1, ...] (one value per element of a sample) are used as they are: they
+//             line up with X's trailing axes under numpy broadcasting, and with axis=1 under legacy rules.
 // Math:       k = s / sqrt(v + eps),  t = b - m * k   (computed in double, rounded once to X's type)
 
 #include <memory>
@@ -13,20 +20,37 @@
 #include "affine_layer.h"
 #include "batch_norm_params.h"
 #include "bnfold/rewrite/rewriter.h"
+#include "opset_emit.h"
 #include "rules.h"
 #include "value_shape.h"
 
 namespace bnfold::rules {
 namespace {
 
+// Multidirectional (numpy) broadcasting arrived in opset 7; before it, Mul and Add broadcast only with
+// `broadcast=1`, aligning the right operand's shape with the left one's from `axis`.
+constexpr int64_t kNumpyBroadcastOpset = 7;
+
 struct Decomposition : Match {
   const Node* bn = nullptr;
+  bool legacyBroadcast = false;
   InferenceBatchNorm params;
   std::vector<int64_t> constantDims;
   DataType type = DataType::Float;
 };
 
 std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
+
+// Legacy broadcasting with axis=1: the constant's dims are X's dims 1, 2, ... exactly (no size-1 expansion).
+// Dims of X that are not known are taken to match.
+bool legacyBroadcastable(const std::vector<int64_t>& inputDims, const std::vector<int64_t>& constantDims) {
+  if (constantDims.size() + 1 > inputDims.size()) return false;
+  for (std::size_t i = 0; i < constantDims.size(); ++i) {
+    const int64_t dim = inputDims[i + 1];
+    if (dim != kUnknownDim && dim != constantDims[i]) return false;
+  }
+  return true;
+}
 
 class DecomposeBatchNorm final : public Rule {
  public:
@@ -35,8 +59,6 @@ class DecomposeBatchNorm final : public Rule {
     return "Replace an inference-mode BatchNormalization left in place by Mul and Add of per-channel constants";
   }
   std::vector<std::string> rootOps() const override { return {"BatchNormalization"}; }
-  // Before opset 7 Mul and Add broadcast only with `broadcast`/`axis` attributes.
-  int64_t minOpset() const override { return 7; }
   bool enabledByDefault() const override { return false; }
 
   MatchResult match(const Node& bn, const RuleContext& context) const override {
@@ -46,12 +68,26 @@ class DecomposeBatchNorm final : public Rule {
     const Value* x = bn.input(0);
 
     auto match = std::make_unique<Decomposition>();
-    if (params->paramDims.size() > 1) {
+    match->legacyBroadcast = context.opset() < kNumpyBroadcastOpset;
+    std::optional<std::vector<int64_t>> shape = knownShape(*x);
+    if (!shape) shape = knownShape(*bn.output(0));
+    if (match->legacyBroadcast) {
+      // axis=1 aligns the constants with X's axes from the channel axis on, whatever X's rank.
+      if (shape && shape->size() < 2)
+        return MatchResult::failure("rank-unknown", "the input of " + describe(bn) + " has rank " +
+                                                        std::to_string(shape->size()) + ", so it has no channel axis");
+      if (shape && !legacyBroadcastable(*shape, params->paramDims))
+        return MatchResult::failure("param-shape-mismatch",
+                                    "the parameters of " + describe(bn) + " have dims " +
+                                        formatDims(params->paramDims) + ", which do not match the dims " +
+                                        formatDims(*shape) + " of its input from axis 1 on, as opset-" +
+                                        std::to_string(context.opset()) +
+                                        " broadcasting (broadcast=1, axis=1) needs");
+      match->constantDims = params->paramDims;
+    } else if (params->paramDims.size() > 1) {
       // One value per element of a sample: [C, D1, ...] lines up with X's trailing axes as it is.
       match->constantDims = params->paramDims;
     } else {
-      std::optional<std::vector<int64_t>> shape = knownShape(*x);
-      if (!shape) shape = knownShape(*bn.output(0));
       if (!shape || shape->size() < 2)
         return MatchResult::failure("rank-unknown", "the rank of the input of " + describe(bn) +
                                                         " is not known, so per-channel constants cannot be shaped "
@@ -84,8 +120,15 @@ class DecomposeBatchNorm final : public Rule {
                              bn.name() + "_scale");
     Value* shift = addTensor(rewriter, bn, match.type, match.constantDims, match.params.affine.shift,
                              bn.name() + "_shift");
-    Node* mul = rewriter.createNode(&bn, "Mul", {bn.input(0), scale}, {valueBase + "_scaled"}, bn.name() + "/mul");
-    Node* add = rewriter.createNode(&bn, "Add", {mul->output(0), shift}, {valueBase + "_shifted"}, bn.name() + "/add");
+    // Before opset 7 the constants broadcast only when told, aligned at the channel axis.
+    auto broadcastAttributes = [&]() -> std::vector<onnx::AttributeProto> {
+      if (!match.legacyBroadcast) return {};
+      return {intAttribute("broadcast", 1), intAttribute("axis", 1)};
+    };
+    Node* mul = rewriter.createNode(&bn, "Mul", {bn.input(0), scale}, {valueBase + "_scaled"}, bn.name() + "/mul",
+                                    broadcastAttributes());
+    Node* add = rewriter.createNode(&bn, "Add", {mul->output(0), shift}, {valueBase + "_shifted"}, bn.name() + "/add",
+                                    broadcastAttributes());
     nlohmann::json entry = describeBatchNorm(bn, match.params);
     rewriter.replaceValueKeepingName(y, add->output(0));
     entry["mul"] = mul->name();
@@ -93,6 +136,7 @@ class DecomposeBatchNorm final : public Rule {
     entry["scale_tensor"] = scale->name();
     entry["shift_tensor"] = shift->name();
     entry["constant_dims"] = match.constantDims;
+    if (match.legacyBroadcast) entry["broadcast_axis"] = 1;
     entry["scale"] = match.params.affine.scale;
     entry["shift"] = match.params.affine.shift;
     rewriter.record("decomposed", std::move(entry));
