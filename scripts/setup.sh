@@ -13,7 +13,7 @@ jobs="${BNFOLD_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 
-"$root/scripts/setup_deps.sh"
+"$root/scripts/setup_deps.sh" >&2  # apt-get prints to stdout; only the last line below is for callers
 ort_modules="$("$root/scripts/ort/ensure_ort.sh" | tail -n 1)"
 log "ONNX Runtime for Node.js: $ort_modules"
 
