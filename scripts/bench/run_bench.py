@@ -15,10 +15,12 @@ min and max wall time, the median CPU time (user + sys), and the peak RSS (ru_ma
                        creation alone as measured inside the process (excludes node start-up)
 
 Then the rule-scaling measurement (N and 10N residual Conv+BN blocks; rule time = default - --rules none, or
-bnfold's own phase timings when it has a --timings flag) and a check of the targets of issue 7.
+bnfold's own phase timings when it has a --timings flag, plus the rules phase's instruction count under callgrind
+when valgrind is installed) and a check of the targets of issue 7.
 
 Usage: scripts/bench/run_bench.py --build-dir DIR [--quick] [--runs N] [--out-dir DIR] [--models a,b]
-                                  [--skip-large] [--no-ort] [--no-verify] [--scaling-blocks N] [--json FILE]
+                                  [--skip-large] [--no-ort] [--no-verify] [--scaling-blocks N] [--no-instructions]
+                                  [--json FILE]
 """
 
 import argparse
@@ -343,6 +345,22 @@ def parse_phases(stderr):
     return {}
 
 
+def rule_instructions(bnfold, model_path, scratch):
+    """Instructions executed inside bnfold::runRules (callgrind), or None without valgrind. Unlike time, the
+    count does not depend on caches, page faults or other processes, so it shows the algorithm's own growth."""
+    if shutil.which("valgrind") is None:
+        return None
+    clear_folder(scratch)
+    out_file = scratch / "callgrind.out"
+    run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
+                          "--toggle-collect=bnfold::runRules*", bnfold, "fold", model_path, "-o",
+                          scratch / "model.onnx", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    match = re.search(r"Collected\s*:\s*([0-9]+)", run.stderr)
+    if run.returncode != 0 or not match:
+        fail(f"callgrind on {model_path} failed: {run.stderr.strip()[-300:]}")
+    return int(match.group(1))
+
+
 def bench_scaling(args):
     bnfold = args.build_dir / "apps/bnfold"
     timings = bnfold_has_timings(bnfold)
@@ -378,6 +396,9 @@ def bench_scaling(args):
             entry[f"{key}_wall"] = statistics.median(r.wall for r in key_runs)
             entry[f"{key}_cpu"] = statistics.median(r.cpu for r in key_runs)
             entry[f"{key}_rss_mb"] = max(r.max_rss_kb for r in key_runs) * 1024 / MB
+        if args.instructions:
+            log(f"counting the rules phase's instructions on chain-{blocks} (callgrind)")
+            entry["rule_instructions"] = rule_instructions(bnfold, path, scratch)
         entry["rule_wall"] = entry["default_wall"] - entry["none_wall"]
         entry["rule_cpu"] = entry["default_cpu"] - entry["none_cpu"]
         if timings:
@@ -395,6 +416,8 @@ def bench_scaling(args):
     results["ratio_key"] = key
     results["ratio"] = big[key] / small[key] if small[key] > 0 else None
     results["ratio_wall"] = big["rule_wall"] / small["rule_wall"] if small["rule_wall"] > 0 else None
+    counts = small.get("rule_instructions"), big.get("rule_instructions")
+    results["ratio_instructions"] = counts[1] / counts[0] if all(counts) else None
     return results
 
 
@@ -471,6 +494,11 @@ def print_scaling(scaling):
         print("rule time at N is not above measurement noise: use more blocks (--scaling-blocks)")
     print(f"rule time 10N / N: {'-' if r is None else f'{r:.1f}x'} ({scaling['ratio_key']}; from wall times "
           f"{'-' if rw is None else f'{rw:.1f}x'}); linear would be 10x, target <= 12x")
+    ri = scaling.get("ratio_instructions")
+    if ri is not None:
+        small, big = scaling["sizes"]
+        print(f"rules-phase instructions (callgrind): {small['rule_instructions']:,} -> {big['rule_instructions']:,}, "
+              f"10N / N: {ri:.2f}x")
 
 
 def check_targets(results, scaling):
@@ -514,6 +542,9 @@ def check_targets(results, scaling):
                           f"model file {info['model_bytes'] / MB:.1f} MB, data {info['data_bytes'] / MB:.0f} MB", ok))
     if scaling and scaling["ratio"] is not None:
         lines.append(("rule time 10x nodes <= 12x", f"{scaling['ratio']:.1f}x", scaling["ratio"] <= 12))
+    if scaling and scaling.get("ratio_instructions") is not None:
+        lines.append(("rule instructions 10x nodes <= 12x (callgrind)", f"{scaling['ratio_instructions']:.2f}x",
+                      scaling["ratio_instructions"] <= 12))
     return lines
 
 
@@ -539,10 +570,13 @@ def parse_args():
     parser.add_argument("--scaling-blocks", type=int, default=1000, help="N of the N / 10N scaling measurement")
     parser.add_argument("--scaling-runs", type=int, default=None, help="runs per scaling point (default: --runs)")
     parser.add_argument("--no-scaling", action="store_true")
+    parser.add_argument("--no-instructions", dest="instructions", action="store_false",
+                        help="skip the callgrind instruction count of the rules phase (about 2 minutes)")
     parser.add_argument("--json", type=pathlib.Path, help="also write all figures here")
     args = parser.parse_args()
     if args.quick:
         args.runs, args.warmup, args.skip_large, args.scaling_blocks = 1, 1, True, 300
+        args.instructions = False
     if args.runs < 1 or args.warmup < 0 or args.scaling_blocks < 1:
         parser.error("--runs and --scaling-blocks must be positive, --warmup non-negative")
     if args.scaling_runs is None:
