@@ -33,6 +33,7 @@ Value* Rewriter::addInitializer(const Graph& constGraph, Tensor tensor, const st
   Value* value = graph.newValue(name);
   value->initializer_ = std::make_unique<Tensor>(std::move(tensor));
   graph.initializers_.push_back(value);
+  markDirty(graph);  // finish() lists it among the graph inputs in IR version 3
   return value;
 }
 

@@ -114,6 +114,33 @@ TEST_CASE("setInput and createNode keep producers and uses consistent", "[ir]") 
   CHECK(neg->name() == "negate");
 }
 
+TEST_CASE("in IR version 3 an initializer a rewrite adds is listed as a graph input too", "[ir]") {
+  // IR 3 demands every initializer of the main graph among its inputs; an edit that only adds one and reads it
+  // must leave a model that still says so.
+  auto model = parseModel(R"ONNX(
+<ir_version: 3, opset_import: ["" : 8]>
+g (float[2] x) => (float[2] y)
+{
+  y = Relu (x)
+}
+)ONNX");
+  Graph& graph = model->graph();
+  Report report;
+  {
+    Rewriter rewriter(*model, report);
+    const Node* relu = graph.findLocal("y")->producer();
+    Value* shift = rewriter.addInitializer(graph, Tensor::fromDoubles("", DataType::Float, {2}, {1.0, 2.0}), "shift");
+    Node* add = rewriter.createNode(relu, "Add", {graph.findLocal("x"), shift}, {"shifted"}, "add_shift");
+    rewriter.setInput(relu, 0, add->output(0));
+  }
+  graph.verify();
+  std::vector<std::string> inputs;
+  for (const ValueInfoEntry& input : graph.inputs()) inputs.push_back(input.value ? input.value->name() : "");
+  CHECK(inputs == std::vector<std::string>{"x", "shift"});
+  REQUIRE(graph.findLocal("shift"));
+  CHECK(graph.findLocal("shift")->isGraphInput());
+}
+
 TEST_CASE("eraseNode refuses to drop a value that is still read", "[ir]") {
   auto model = parseModel(kConvBnModel);
   Report report;
