@@ -3,6 +3,10 @@
 #include <cstdio>
 #include <map>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -38,6 +42,13 @@ Exit codes:
 }  // namespace
 
 int main(int argc, char** argv) {
+#if defined(__GLIBC__)
+  // No fastbins: glibc defers merging small freed chunks and then merges them all at once whenever a large block
+  // (such as a grown hash table's old buckets) is freed, by which time on a graph of tens of thousands of nodes
+  // those chunks are out of the cache. Measured on a 40,000-node Conv+BN chain: `fold` 1.08 s -> 0.90 s, rules
+  // phase 0.31 s -> 0.26 s, same peak RSS; ResNet-50 and MobileNetV2 unchanged.
+  mallopt(M_MXFAST, 0);
+#endif
   CLI::App app{kDescription, "bnfold"};
   app.footer(kFooter);
   app.set_version_flag("--version", std::string("bnfold ") + bnfold::kVersion);
