@@ -368,31 +368,35 @@ def bench_scaling(args):
     results = {"method": "bnfold --timings (rules phase)" if timings else
                "median(default rules) - median(--rules none), CPU time", "sizes": []}
     scratch = args.out_dir / "run"
+    paths, runs, bn_left = {}, {}, {}
     for blocks in sizes:
-        folder = args.out_dir / "models" / f"chain-{blocks}"
-        path = folder / "model.onnx"
         chain = Model(f"chain-{blocks}", [SCRIPTS / "bench/gen_conv_chain.py", "{out}", "--blocks", str(blocks)],
                       "residual Conv+BN chain")
         generate(chain, args.out_dir, None)
-        counts, _ = op_counts(path)
-        runs = {"default": [], "none": []}
-        for iteration in range(args.warmup + args.scaling_runs):
+        paths[blocks] = chain.path(args.out_dir)
+        runs[blocks] = {"default": [], "none": []}
+    # N and 10N take turns, so that both sizes see the same conditions on a machine whose speed drifts.
+    for iteration in range(args.warmup + args.scaling_runs):
+        for blocks in sizes:
             for key, extra in (("default", []), ("none", ["--rules", "none"])):
                 clear_folder(scratch)
-                argv = [bnfold, "fold", path, "-o", scratch / "model.onnx", "-q"] + extra
+                argv = [bnfold, "fold", paths[blocks], "-o", scratch / "model.onnx", "-q"] + extra
                 if timings:
                     argv.append("--timings")
                 run = measure(argv)
                 if run.returncode != 0:
-                    fail(f"bnfold fold {path} {' '.join(extra)} failed: {run.stderr.strip()[:300]}")
+                    fail(f"bnfold fold {paths[blocks]} {' '.join(extra)} failed: {run.stderr.strip()[:300]}")
                 if iteration >= args.warmup:
-                    runs[key].append(run)
+                    runs[blocks][key].append(run)
                 if iteration == 0 and key == "default":
                     out_counts, _ = op_counts(scratch / "model.onnx")
-                    bn_left = out_counts.get("BatchNormalization", 0)
+                    bn_left[blocks] = out_counts.get("BatchNormalization", 0)
+    for blocks in sizes:
+        path = paths[blocks]
+        counts, _ = op_counts(path)
         entry = {"blocks": blocks, "nodes": sum(counts.values()), "bytes": path.stat().st_size,
-                 "bn_in": counts.get("BatchNormalization", 0), "bn_out": bn_left}
-        for key, key_runs in runs.items():
+                 "bn_in": counts.get("BatchNormalization", 0), "bn_out": bn_left[blocks]}
+        for key, key_runs in runs[blocks].items():
             entry[f"{key}_wall"] = statistics.median(r.wall for r in key_runs)
             entry[f"{key}_cpu"] = statistics.median(r.cpu for r in key_runs)
             entry[f"{key}_rss_mb"] = max(r.max_rss_kb for r in key_runs) * 1024 / MB
@@ -402,13 +406,14 @@ def bench_scaling(args):
         entry["rule_wall"] = entry["default_wall"] - entry["none_wall"]
         entry["rule_cpu"] = entry["default_cpu"] - entry["none_cpu"]
         if timings:
-            phases = [parse_phases(r.stderr) for r in runs["default"]]
+            phases = [parse_phases(r.stderr) for r in runs[blocks]["default"]]
             entry["phases"] = {name: statistics.median(p[name] for p in phases if name in p)
                                for name in {n for p in phases for n in p}}
+            entry["rule_phase_runs"] = [p["rules"] for p in phases if "rules" in p]
             if "rules" in entry["phases"]:
                 entry["rule_phase"] = entry["phases"]["rules"]
         results["sizes"].append(entry)
-        shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(scratch, ignore_errors=True)
     small, big = results["sizes"]
     # CPU time is the primary figure when bnfold cannot time its phases: on a shared machine wall time also
     # holds waiting for a core, which does not subtract out.
