@@ -277,13 +277,7 @@ g (float[1,3,4,4] x) => (float[1,2,4,4] y)
 TEST_CASE("bn-decompose: spatial=0 parameters keep their per-element shape", "[bn-decompose]") {
   // Opset 7, spatial=0: params [C, H, W] hold one value per element of a sample; as Mul/Add constants of that
   // shape they line up with X's last three axes.
-  BnParams p;
-  const std::size_t count = 3 * 2 * 2;
-  p.gamma = asFloats(sampleValues(count, 11.1, -2.0, 2.0));
-  p.beta = asFloats(sampleValues(count, 11.2));
-  p.mean = asFloats(sampleValues(count, 11.3, -0.5, 0.5));
-  p.var = asFloats(sampleValues(count, 11.4, 0.2, 2.0));
-  p.epsilon = static_cast<double>(1e-3f);
+  const BnParams p = makeBnParams(3 * 2 * 2, 11.0);  // one value per element of a [3, 2, 2] sample
   const std::vector<int64_t> dims{3, 2, 2};
   auto model = parseModel(R"(<ir_version: 3, opset_import: ["" : 7]>
 g (float[2,3,2,2] x) => (float[2,3,2,2] y)
@@ -478,13 +472,7 @@ TEST_CASE("bn-decompose: opset 6 needs no known rank", "[bn-decompose]") {
 }
 
 TEST_CASE("bn-decompose: opsets 1 and 6 with spatial=0 keep [C, D1, ...] constants at axis 1", "[bn-decompose]") {
-  BnParams p;
-  const std::size_t count = 3 * 2 * 2;
-  p.gamma = asFloats(sampleValues(count, 32.1, -2.0, 2.0));
-  p.beta = asFloats(sampleValues(count, 32.2));
-  p.mean = asFloats(sampleValues(count, 32.3, -0.5, 0.5));
-  p.var = asFloats(sampleValues(count, 32.4, 0.2, 2.0));
-  p.epsilon = static_cast<double>(1e-3f);
+  const BnParams p = makeBnParams(3 * 2 * 2, 32.0);  // one value per element of a [3, 2, 2] sample
   const std::vector<int64_t> dims{3, 2, 2};
   for (int64_t opset : {1, 6}) {
     for (const std::string inputType : {"float[2,3,2,2]", "float[N,3,2,2]"}) {
