@@ -464,7 +464,7 @@ TEST_CASE("bn-fold: degenerate params fold exactly", "[bn-fold]") {
   CHECK(opSequence(large->graph()) == "Conv");
 }
 
-TEST_CASE("bn-fold: BNs inside If and Loop bodies, with params from the outer graph", "[bn-fold]") {
+TEST_CASE("bn-fold: BNs inside If, Loop and Scan bodies, with params from the outer graph", "[bn-fold]") {
   // then: the Conv weight and BN params come from the outer graph; else: its own initializers.
   const std::string ifModel = header() + R"(g (float[1,2,3,3] x) => (float[1,2,3,3] y)
 <)" + kWeight + ", " + kParams + R"(, bool[1] cond = {COND}>
@@ -521,6 +521,30 @@ TEST_CASE("bn-fold: BNs inside If and Loop bodies, with params from the outer gr
   CHECK(report.section("folds").size() == 1);
   CHECK(countOps(*loop, "BatchNormalization") == 0);
   CHECK(report.section("folds")[0]["graph"] == "body_g");
+
+  // Scan hands its body one [1, 2, 3, 3] slice of xs per iteration; the body's Conv + BN read outer tensors.
+  auto scan = parseModel(header() + R"(g (float[1] init, float[4,1,2,3,3] xs) => (float[1] last, float[4,1,2,3,3] ys)
+<)" + kWeight + ", " + kParams + R"(>
+{
+  last, ys = Scan (init, xs) <
+    num_scan_inputs = 1,
+    body = scan_g (float[1] state_in, float[1,2,3,3] x_t) => (float[1] state_out, float[1,2,3,3] y_t) {
+      state_out = Identity (state_in)
+      sc = Conv (x_t, w)
+      y_t = BatchNormalization (sc, s, b, m, v)
+    }
+  >
+}
+)");
+  const Report scanReport = foldAndCompare(*scan);
+  CHECK(scanReport.section("folds").size() == 1);
+  CHECK(countOps(*scan, "BatchNormalization") == 0);
+  REQUIRE(scanReport.section("folds").size() == 1);
+  CHECK(scanReport.section("folds")[0]["graph"] == "scan_g");
+  const Node* scanNode = findNode(scan->graph(), "Scan");
+  REQUIRE(scanNode);
+  CHECK(opSequence(*scanNode->subgraphs()[0].graph) == "Identity,Conv");
+  for (const char* name : {"w", "s", "b", "m", "v"}) CHECK(scan->graph().findLocal(name) == nullptr);
 }
 
 TEST_CASE("bn-fold: Constant nodes as params and weights are removed once unread; nothing else is", "[bn-fold]") {
