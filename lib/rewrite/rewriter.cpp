@@ -25,7 +25,9 @@ std::vector<Node*> Rewriter::takeTouched() {
 }
 
 Value* Rewriter::addInitializer(const Graph& constGraph, Tensor tensor, const std::string& nameHint) {
-  auto& graph = const_cast<Graph&>(constGraph);
+  // IR version 3 wants every initializer among its own graph's inputs, which a subgraph cannot take (an If branch
+  // has none, a Loop or Scan body's are fixed): there the tensor goes to the main graph, which subgraphs read.
+  auto& graph = model_.irVersion() < 4 ? model_.graph() : const_cast<Graph&>(constGraph);
   const std::string name = model_.uniqueValueName(nameHint);
   tensor.setName(name);
   // A model that keeps its weights in external data gets its new weights there too (as onnx does, from 1 KiB).

@@ -143,6 +143,42 @@ TEST_CASE("bn-fold: initializers that are also graph inputs", "[bn-fold]") {
     }
     CHECK_NOTHROW(onnx::checker::check_model(modelToProto(*model)));
   }
+  SECTION("IR 3: a fold inside an If branch puts its new tensors in the main graph") {
+    // IR 3 wants every initializer among its own graph's inputs, and an If branch takes no inputs: the folded
+    // weight and bias can only live in the main graph, which the branch reads.
+    auto model = parseModel(header(8, 3) + R"(g (float[1,2,3,3] x, bool[1] cond, )" + kWeight +
+                            R"(, float[2] s = {1.5, -0.5}, float[2] b = {0.25, -1}, float[2] m = {0.125, -0.375},
+   float[2] v = {0.5, 2}) => (float[1,2,3,3] y)
+{
+  y = If (cond) <
+    then_branch = then_g () => (float[1,2,3,3] t) {
+      tc = Conv (x, w)
+      t = BatchNormalization (tc, s, b, m, v)
+    },
+    else_branch = else_g () => (float[1,2,3,3] e) {
+      e = Identity (x)
+    }
+  >
+}
+)");
+    REQUIRE_NOTHROW(onnx::checker::check_model(modelToProto(*model)));
+    const Report report = foldAndCompare(*model);
+    CHECK(report.section("folds").size() == 1);
+    const Node* ifNode = findNode(model->graph(), "If");
+    REQUIRE(ifNode);
+    const Graph& thenGraph = *ifNode->subgraphs()[0].graph;
+    CHECK(opSequence(thenGraph) == "Conv");
+    CHECK(thenGraph.initializers().empty());
+    const Node* conv = findNode(thenGraph, "Conv");
+    REQUIRE(conv);
+    REQUIRE(conv->inputs().size() == 3);
+    for (std::size_t slot : {1, 2}) {
+      CAPTURE(slot);
+      CHECK(conv->input(slot)->graph() == &model->graph());
+      CHECK(conv->input(slot)->isGraphInput());
+    }
+    CHECK_NOTHROW(onnx::checker::check_model(modelToProto(*model)));
+  }
 }
 
 TEST_CASE("bn-fold refuses: no layer right before the BN", "[bn-fold]") {

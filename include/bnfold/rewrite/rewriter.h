@@ -28,7 +28,8 @@ class Rewriter {
   /// The rule whose rewrite runs now; its name goes into every report entry it records.
   void beginRule(const Rule* rule) { rule_ = rule; }
 
-  /// Adds an initializer to `graph` under a fresh unique name derived from `nameHint`.
+  /// Adds an initializer to `graph` under a fresh unique name derived from `nameHint`. In IR version 3 it goes to
+  /// the main graph instead (and is listed among its inputs by finish()), which `graph` can read.
   Value* addInitializer(const Graph& graph, Tensor tensor, const std::string& nameHint);
 
   /// Creates a node right before `anchor` in anchor's graph. Outputs get fresh names derived from the hints.
