@@ -562,7 +562,7 @@ def parse_args():
     parser.add_argument("--out-dir", type=pathlib.Path, default=REPO / "bench-out",
                         help="generated models and scratch outputs (default: bench-out/, git-ignored)")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 1 warm-up + 1 run, no >2 GB model, 300/3000-block scaling")
+                        help="smoke run: 1 warm-up + 1 run, no >2 GB model, 300/3000-block scaling, no callgrind")
     parser.add_argument("--runs", type=int, default=5, help="measured runs per tool (median reported)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--models", default=",".join(m.name for m in MODELS),
