@@ -1,0 +1,21 @@
+// README.md's "Using the library" snippet as a program: app IN OUT folds IN into OUT and prints the number of
+// rewrites, so the install test can check that the installed library really ran.
+#include <bnfold/io/model_io.h>
+#include <bnfold/rewrite/driver.h>
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: app IN.onnx OUT.onnx\n";
+    return 2;
+  }
+  auto model = bnfold::loadModel(argv[1]);
+  bnfold::Report report;
+  bnfold::DriverOptions options;
+  options.rules = bnfold::parseRuleSelection("default");
+  bnfold::runRules(*model, options, report);
+  bnfold::saveModel(*model, argv[2]);
+  std::cout << "rewrites: " << report.rewriteCount() << "\n";
+  return 0;
+}
