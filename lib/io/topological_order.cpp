@@ -1,6 +1,7 @@
 #include "topological_order.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <vector>
 #include <queue>
@@ -49,15 +50,23 @@ void collectOuterReads(const onnx::GraphProto& graph, NameSet& outerReads) {
 template <typename Visit>
 void forEachRead(const onnx::NodeProto& node, Visit&& visit) {
   for (const auto& input : node.input())
-    if (!input.empty()) visit(input);
+    if (!input.empty()) visit(std::string_view(input));
   if (!hasSubgraphs(node)) return;
   NameSet outerReads;
   forEachSubgraph(node, [&](const onnx::GraphProto& subgraph) { collectOuterReads(subgraph, outerReads); });
-  for (std::string_view name : outerReads) visit(std::string(name));
+  for (std::string_view name : outerReads) visit(name);  // views into the protos: they outlive the set
 }
 
-// A set of names viewed in place, for the check below: open addressing in one array, so inserting the outputs of
-// a 50,000-node graph costs no allocation per name (std::unordered_set allocates a node for each).
+/// A name with its hash, computed once.
+struct HashedName {
+  explicit HashedName(std::string_view text) : name(text), hash(std::hash<std::string_view>()(text)) {}
+  std::string_view name;
+  std::size_t hash;
+};
+
+// A set of names viewed in place, for the check below: open addressing over 8-byte slots (32 bits of the hash and
+// an index into the names), so inserting the outputs of a 50,000-node graph allocates nothing per name and the
+// table stays small; a name is compared only when its hash bits match.
 class FlatNameSet {
  public:
   explicit FlatNameSet(std::size_t expected) {
@@ -65,51 +74,54 @@ class FlatNameSet {
     while (capacity < expected * 2) capacity *= 2;
     slots_.resize(capacity);
     mask_ = capacity - 1;
+    names_.reserve(expected);
   }
-  void insert(std::string_view name) {
-    const std::size_t hash = std::hash<std::string_view>()(name);
-    for (std::size_t i = hash & mask_;; i = (i + 1) & mask_) {
-      Slot& slot = slots_[i];
-      if (slot.name.data() == nullptr) {
-        slot = {hash, name};
-        return;
-      }
-      if (slot.hash == hash && slot.name == name) return;
-    }
+  void insert(const HashedName& name) {
+    Slot& slot = find(name);
+    if (slot.index != 0) return;
+    names_.push_back(name.name);
+    slot = {tagOf(name.hash), static_cast<uint32_t>(names_.size())};
   }
-  bool contains(std::string_view name) const {
-    const std::size_t hash = std::hash<std::string_view>()(name);
-    for (std::size_t i = hash & mask_;; i = (i + 1) & mask_) {
-      const Slot& slot = slots_[i];
-      if (slot.name.data() == nullptr) return false;
-      if (slot.hash == hash && slot.name == name) return true;
-    }
-  }
+  bool contains(const HashedName& name) const { return const_cast<FlatNameSet*>(this)->find(name).index != 0; }
 
  private:
   struct Slot {
-    std::size_t hash = 0;
-    std::string_view name;  // data() == nullptr: empty slot
+    uint32_t tag = 0;
+    uint32_t index = 0;  // 1 + position in names_; 0: empty
   };
+  static uint32_t tagOf(std::size_t hash) { return static_cast<uint32_t>(hash >> 32); }
+  // The slot holding `name`, or the empty slot where it would go.
+  Slot& find(const HashedName& name) {
+    const uint32_t tag = tagOf(name.hash);
+    for (std::size_t i = name.hash & mask_;; i = (i + 1) & mask_) {
+      Slot& slot = slots_[i];
+      if (slot.index == 0 || (slot.tag == tag && names_[slot.index - 1] == name.name)) return slot;
+    }
+  }
   std::vector<Slot> slots_;
+  std::vector<std::string_view> names_;
   std::size_t mask_ = 0;
 };
 
-// The common case, cheaply: every read is defined up front or by an earlier node (or nowhere in this graph, which
-// the full analysis sorts out). One hash set of the outputs seen so far, no copies.
-bool storedOrderIsTopological(const onnx::GraphProto& graph, const DefinedUpFront& definedUpFront) {
+// The common case, cheaply: is every read of a name some node of this graph writes preceded by that write? A read
+// not yet written when it is met is kept aside (most are initializers or graph inputs) and looked up again once
+// every output is known: if some node writes it, that node comes at or after the reader. Names from enclosing
+// graphs and names defined nowhere are written by no node here, so they pass. One hash per name, no copies.
+bool storedOrderIsTopological(const onnx::GraphProto& graph) {
   std::size_t outputCount = 0;
   for (const auto& node : graph.node()) outputCount += static_cast<std::size_t>(node.output_size());
-  FlatNameSet produced(outputCount);
+  FlatNameSet written(outputCount);
+  std::vector<HashedName> notYetWritten;
   for (const auto& node : graph.node()) {
-    bool ready = true;
-    forEachRead(node, [&](const std::string& name) {
-      ready = ready && (produced.contains(name) || definedUpFront(name));
+    forEachRead(node, [&](std::string_view name) {
+      HashedName hashed(name);
+      if (!written.contains(hashed)) notYetWritten.push_back(hashed);
     });
-    if (!ready) return false;
     for (const auto& output : node.output())
-      if (!output.empty()) produced.insert(output);
+      if (!output.empty()) written.insert(HashedName(output));
   }
+  for (const HashedName& name : notYetWritten)
+    if (written.contains(name)) return false;
   return true;
 }
 
@@ -153,7 +165,7 @@ std::vector<int> findCycle(const std::vector<std::vector<int>>& predecessors, co
 
 NodeOrderResult sortNodesTopologically(onnx::GraphProto& graph, const DefinedUpFront& definedUpFront) {
   NodeOrderResult result;
-  if (storedOrderIsTopological(graph, definedUpFront)) return result;
+  if (storedOrderIsTopological(graph)) return result;
 
   const int n = graph.node_size();
   std::unordered_map<std::string_view, int> producer;
@@ -167,8 +179,9 @@ NodeOrderResult sortNodesTopologically(onnx::GraphProto& graph, const DefinedUpF
   std::vector<std::vector<int>> predecessors(static_cast<std::size_t>(n));
   std::vector<std::vector<int>> successors(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) {
-    forEachRead(graph.node(i), [&](const std::string& name) {
-      if (definedUpFront(name)) return;
+    forEachRead(graph.node(i), [&](std::string_view name) {
+      // A name also defined up front is an error the reader reports ("already defined"): no edge for it.
+      if (definedUpFront(std::string(name))) return;
       auto it = producer.find(name);
       if (it == producer.end()) return;  // from an enclosing graph, or undefined
       predecessors[static_cast<std::size_t>(i)].push_back(it->second);

@@ -26,7 +26,8 @@ struct NodeOrderResult {
 /// subgraphs (transitively) read from outside themselves; names the subgraphs define (inputs, initializers, node
 /// outputs) are local to them. `definedUpFront(name)` says whether the graph defines `name` before any node
 /// runs (initializer, graph input); such names, names from enclosing graphs and names defined nowhere are no
-/// dependencies (the reader reports undefined ones). Nodes are permuted in place, never copied.
+/// dependencies (the reader reports undefined ones); it is only asked when the stored order is not topological.
+/// Nodes are permuted in place, never copied.
 using DefinedUpFront = std::function<bool(const std::string&)>;
 NodeOrderResult sortNodesTopologically(onnx::GraphProto& graph, const DefinedUpFront& definedUpFront);
 
