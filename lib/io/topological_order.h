@@ -1,7 +1,7 @@
 #pragma once
 // Brings a GraphProto's nodes into a topological order before the reader builds them. The ONNX spec says nodes
 // are stored sorted, but several exporters (keras2onnx, onnxconverter-common, CNTK) and hand edits store them out
-// of order, and ONNX Runtime accepts such models. The sort is stable: a node keeps its stored place whenever
+// of order, and ONNX Runtime accepts such main graphs (1.30 refuses unsorted subgraphs). The sort is stable: a node keeps its stored place whenever
 // that place is valid, so an already sorted graph is left exactly as it is.
 
 #include <cstddef>

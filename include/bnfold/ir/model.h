@@ -20,7 +20,7 @@ struct ReorderedGraph {
   std::string graph;       ///< the graph's name
   bool subgraph = false;   ///< false for the main graph
   std::string ownerNode;   ///< for a subgraph, the node whose attribute holds it
-  std::size_t movedNodes;  ///< the fewest nodes that had to move (the others kept their relative order)
+  std::size_t movedNodes = 0;  ///< the fewest nodes that had to move (the others kept their relative order)
 };
 
 class Model {
