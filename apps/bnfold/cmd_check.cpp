@@ -26,7 +26,8 @@ namespace {
 
 /// Every category, in the order they are listed in help; --fail-on takes these names.
 const std::vector<std::string> kCategories = {"foldable-bn",     "training-bn", "unfoldable-bn", "kept-bn", "bias-add",
-                                              "scale-fold", "decomposable-bn", "other-rewrite", "invalid-model"};
+                                              "scale-fold", "decomposable-bn", "other-rewrite", "unsorted-graph",
+                                              "invalid-model"};
 const char* kDefaultFailOn = "foldable-bn,training-bn";
 
 struct CheckOptions {
@@ -146,6 +147,21 @@ Finding rewriteFinding(const std::string& section, const nlohmann::json& entry) 
   return finding;
 }
 
+// A graph whose nodes were not stored in topological order (sorted on load; fold writes it sorted).
+Finding reorderedFinding(const nlohmann::json& entry) {
+  Finding finding;
+  finding.category = "unsorted-graph";
+  finding.entry = entry;
+  finding.graph = stringField(entry, "graph");
+  const std::string owner = stringField(entry, "subgraph_of");
+  const std::string where = owner.empty() ? "graph " + singleQuoted(finding.graph)
+                                          : "subgraph " + singleQuoted(finding.graph) + " of node " + singleQuoted(owner);
+  const auto moved = entry.value("moved_nodes", std::size_t{0});
+  finding.message = "the nodes of " + where + " are not in topological order (" + std::to_string(moved) +
+                    (moved == 1 ? " node" : " nodes") + " out of place); fold writes them sorted";
+  return finding;
+}
+
 // A BatchNormalization left in place. Training mode is decided from the node itself, so a training-mode BN is
 // found even when no rule that handles training mode ran.
 Finding skippedFinding(const nlohmann::json& entry, const Node* node, int64_t opset) {
@@ -183,6 +199,8 @@ ModelCheck checkOne(const ModelFile& file, const DriverOptions& driverOptions, c
     result.opset = model->opsetVersion("");
     Report report;
     report.setInput(file.path);
+    report.setReorderedGraphs(model->reorderedGraphs());
+    for (const auto& entry : report.section(kReorderedSection)) result.findings.push_back(reorderedFinding(entry));
     runRules(*model, driverOptions, report);  // the model is changed in memory only; it is never saved
     for (const char* section : kReportSections) {
       if (std::string(section) == "skipped") continue;
@@ -190,7 +208,7 @@ ModelCheck checkOne(const ModelFile& file, const DriverOptions& driverOptions, c
     }
     // Sections a newer rule may add are findings too.
     for (const auto& [key, value] : report.json().items()) {
-      if (!value.is_array() || key == "rules" || key == "skipped") continue;
+      if (!value.is_array() || key == "rules" || key == "skipped" || key == kReorderedSection) continue;
       if (std::find(std::begin(kReportSections), std::end(kReportSections), key) != std::end(kReportSections)) continue;
       for (const auto& entry : value) result.findings.push_back(rewriteFinding(key, entry));
     }
@@ -388,6 +406,7 @@ Categories:
   scale-fold       a Mul that would be folded into a layer's weights
   decomposable-bn  a BatchNormalization that would be decomposed into elementwise ops
   other-rewrite    any other rewrite a rule would do
+  unsorted-graph   a graph whose nodes are not stored in topological order (fold sorts them and says so)
   invalid-model    the model cannot be read or is structurally invalid (always fails, exit code 2)
 
 Exit codes:

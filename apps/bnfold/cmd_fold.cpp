@@ -95,6 +95,28 @@ struct Counts {
   }
 };
 
+// "the main graph and 2 subgraphs (5 nodes moved)"
+std::string reorderedText(const std::vector<ReorderedGraph>& graphs) {
+  std::size_t subgraphs = 0, moved = 0;
+  bool mainGraph = false;
+  for (const ReorderedGraph& graph : graphs) {
+    if (graph.subgraph) ++subgraphs;
+    else mainGraph = true;
+    moved += graph.movedNodes;
+  }
+  std::string text = mainGraph ? "the main graph" : "";
+  if (subgraphs > 0)
+    text += (mainGraph ? " and " : "") + std::to_string(subgraphs) + (subgraphs == 1 ? " subgraph" : " subgraphs");
+  return text + " (" + std::to_string(moved) + (moved == 1 ? " node" : " nodes") + " moved)";
+}
+
+// Sorting on load changes the written node order: say so once, and in the report.
+void noteReordering(const std::string& input, const Model& model, Report& report) {
+  report.setReorderedGraphs(model.reorderedGraphs());
+  if (model.reorderedGraphs().empty()) return;
+  spdlog::warn("{}: nodes were not in topological order; sorted {}", input, reorderedText(model.reorderedGraphs()));
+}
+
 // ---- one model, one output (the original form of the command) ----
 
 int runSingle(const FoldOptions& options) {
@@ -110,6 +132,7 @@ int runSingle(const FoldOptions& options) {
   Report report;
   report.setInput(input);
   report.setOutput(options.output);
+  noteReordering(input, *model, report);
   runRules(*model, driverOptions, report);
   clock.lap(times.rules);
   if (options.dryRun) {
@@ -209,10 +232,12 @@ Outcome foldOne(const Planned& item, const FoldOptions& options, const DriverOpt
     Report report;
     report.setInput(input);
     if (!item.output.empty()) report.setOutput(item.output);
+    noteReordering(input, *model, report);
     runRules(*model, driverOptions, report);
     clock.lap(outcome.times.rules);
     outcome.counts = Counts::of(report);
-    outcome.unchanged = options.inPlace && report.rewriteCount() == 0;
+    // A model sorted on load is written back sorted, even when no rule changed it.
+    outcome.unchanged = options.inPlace && report.rewriteCount() == 0 && model->reorderedGraphs().empty();
     if (!options.dryRun) {
       if (options.inPlace) {
         if (!outcome.unchanged) {

@@ -16,6 +16,7 @@
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
 #include "deferred_parser.h"
+#include "topological_order.h"
 
 namespace bnfold {
 namespace fs = std::filesystem;
@@ -82,6 +83,7 @@ class ModelReader {
   }
 
   void buildGraph(Graph& graph, onnx::GraphProto& proto, std::vector<std::unique_ptr<Tensor>> tensors = {}) {
+    graph.shell_.set_name(proto.name());  // for error messages while the graph is built
     const int initCount = proto.initializer_size();
     std::vector<onnx::TensorProto*> inits(static_cast<std::size_t>(initCount));
     if (initCount > 0) proto.mutable_initializer()->ExtractSubrange(0, initCount, inits.data());
@@ -113,6 +115,7 @@ class ModelReader {
     }
     proto.clear_input();
 
+    sortNodes(graph, proto);
     for (auto& nodeProto : *proto.mutable_node()) buildNode(graph, nodeProto);
     proto.clear_node();
 
@@ -136,6 +139,36 @@ class ModelReader {
     graph.shell_.Swap(&proto);
   }
 
+  // Exporters that store nodes out of order are common and ONNX Runtime accepts them: sort before building.
+  void sortNodes(Graph& graph, onnx::GraphProto& proto) {
+    const NodeOrderResult order =
+        sortNodesTopologically(proto, [&graph](const std::string& name) { return graph.findLocal(name) != nullptr; });
+    if (!order.cycle.empty()) {
+      constexpr std::size_t kShown = 8;  // one line, however long the cycle
+      std::string path;
+      for (std::size_t i = 0; i < order.cycle.size() && i < kShown; ++i)
+        path += nodeNameOrOutput(proto.node(order.cycle[i])) + " -> ";
+      if (order.cycle.size() > kShown) path += "... (" + std::to_string(order.cycle.size()) + " nodes) -> ";
+      path += nodeNameOrOutput(proto.node(order.cycle.front()));
+      const onnx::NodeProto& first = proto.node(order.cycle.front());
+      throw Error(file_, graphLabel(graph) + " has a cycle through node '" + nodeNameOrOutput(first) + "' (" +
+                             first.op_type() + "): " + path);
+    }
+    if (order.movedNodes > 0) {
+      const bool subgraph = graph.parent() != nullptr;
+      model_.reorderedGraphs_.push_back(
+          {proto.name(), subgraph, subgraph ? graph.ownerNode()->name() : std::string(), order.movedNodes});
+    }
+  }
+
+  // Unnamed nodes get their names only when built, after sorting: name them by their first output until then.
+  static std::string nodeNameOrOutput(const onnx::NodeProto& node) {
+    if (!node.name().empty()) return node.name();
+    for (const auto& output : node.output())
+      if (!output.empty()) return "<unnamed, writes " + output + ">";
+    return "<unnamed>";
+  }
+
   void buildNode(Graph& graph, onnx::NodeProto& nodeProto) {
     auto owned = std::make_unique<Node>();
     Node* node = owned.get();
@@ -155,7 +188,7 @@ class ModelReader {
       Value* value = graph.lookup(name);
       if (!value)
         throw Error(file_, label + " in " + graphLabel(graph) + " reads '" + name +
-                               "', which no earlier node, initializer or graph input defines");
+                               "', which no node, initializer or graph input defines");
       value->uses_.push_back({node, i});
       node->inputs_.push_back(value);
     }

@@ -1,6 +1,7 @@
 #include "bnfold/report/report.h"
 
 #include "../io/atomic_file.h"
+#include "bnfold/ir/model.h"
 #include "bnfold/version.h"
 
 namespace bnfold {
@@ -14,6 +15,17 @@ Report::Report() {
   doc_["opset"] = nullptr;
   doc_["rules"] = nlohmann::json::array();
   for (const char* section : kReportSections) doc_[section] = nlohmann::json::array();
+  doc_[kReorderedSection] = nlohmann::json::array();
+}
+
+void Report::setReorderedGraphs(const std::vector<ReorderedGraph>& graphs) {
+  nlohmann::json entries = nlohmann::json::array();
+  for (const ReorderedGraph& graph : graphs) {
+    entries.push_back({{"graph", graph.graph},
+                       {"subgraph_of", graph.subgraph ? nlohmann::json(graph.ownerNode) : nlohmann::json()},
+                       {"moved_nodes", graph.movedNodes}});
+  }
+  doc_[kReorderedSection] = std::move(entries);
 }
 
 void Report::add(const std::string& section, nlohmann::json entry) {
@@ -31,7 +43,7 @@ const nlohmann::json& Report::section(const std::string& name) const {
 std::size_t Report::rewriteCount() const {
   std::size_t count = 0;
   for (const auto& [key, value] : doc_.items())
-    if (value.is_array() && key != "skipped" && key != "rules") count += value.size();
+    if (value.is_array() && key != "skipped" && key != "rules" && key != kReorderedSection) count += value.size();
   return count;
 }
 

@@ -2,16 +2,26 @@
 /// \file
 /// Model: the ModelProto fields around the main graph (kept as loaded) plus the graph as IR.
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include <onnx/onnx_pb.h>
 
 #include "bnfold/ir/graph.h"
 
 namespace bnfold {
+
+/// A graph whose stored node order was not topological, sorted when the model was loaded.
+struct ReorderedGraph {
+  std::string graph;       ///< the graph's name
+  bool subgraph = false;   ///< false for the main graph
+  std::string ownerNode;   ///< for a subgraph, the node whose attribute holds it
+  std::size_t movedNodes = 0;  ///< the fewest nodes that had to move (the others kept their relative order)
+};
 
 class Model {
  public:
@@ -45,6 +55,10 @@ class Model {
   /// Every graph: the main graph first, then nested ones depth-first.
   std::vector<Graph*> allGraphs();
 
+  /// The graphs whose nodes were not stored in topological order and were sorted on load (main graph first,
+  /// then subgraphs depth-first); empty when every graph was sorted already. Saving writes the sorted order.
+  const std::vector<ReorderedGraph>& reorderedGraphs() const { return reorderedGraphs_; }
+
  private:
   friend class ModelReader;
   friend class ModelWriter;
@@ -56,6 +70,7 @@ class Model {
   std::unordered_set<std::string> nodeNames_;
   std::unordered_set<std::string> valueNames_;
   std::unordered_set<std::string> pinnedNames_;
+  std::vector<ReorderedGraph> reorderedGraphs_;
 };
 
 }  // namespace bnfold

@@ -5,14 +5,19 @@
 /// schema/report.schema.json.
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace bnfold {
 
+struct ReorderedGraph;
+
 /// The arrays a report always has, in the order they are written.
 inline constexpr const char* kReportSections[] = {"folds",    "bias_absorbed", "scale_folded", "decomposed",
                                                   "expanded", "frozen",        "skipped"};
+/// The array of graphs sorted on load (see Report::setReorderedGraphs): not a rewrite section.
+inline constexpr const char* kReorderedSection = "graph_reordered";
 
 class Report {
  public:
@@ -24,11 +29,14 @@ class Report {
   void setOutput(const std::string& path) { doc_["output"] = path; }
   void setOpset(int64_t version) { doc_["opset"] = version; }
   void setRules(const std::vector<std::string>& rules) { doc_["rules"] = rules; }
+  /// Fills "graph_reordered" (always present, empty when nothing moved) from Model::reorderedGraphs(): one
+  /// {"graph", "subgraph_of", "moved_nodes"} entry per graph whose nodes were sorted on load.
+  void setReorderedGraphs(const std::vector<ReorderedGraph>& graphs);
 
   /// Appends `entry` to `section` (one of kReportSections, or a new one).
   void add(const std::string& section, nlohmann::json entry);
   const nlohmann::json& section(const std::string& name) const;
-  /// Entries in every section but "skipped": the rewrites done.
+  /// Entries in every section but "skipped" and "graph_reordered": the rewrites done.
   std::size_t rewriteCount() const;
 
   const nlohmann::json& json() const { return doc_; }
