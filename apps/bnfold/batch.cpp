@@ -25,6 +25,11 @@ void addRuleFlags(CLI::App& command, RuleFlags& flags) {
                    "Treat initializers that are also graph inputs (IR >= 4) as constants");
   command.add_flag("--freeze-train-bn", flags.freezeTrainingBatchNorm,
                    "Turn training-mode BatchNormalization into inference mode (changes the function)");
+  command.add_option("--max-constant-size", flags.maxConstantMiB,
+                     "Largest result (MiB) of an op that is evaluated when a weight or BN parameter is computed from "
+                     "constants (Identity, Cast, Reshape, Add(var, eps), ...)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 }
 
 DriverOptions driverOptionsFrom(const RuleFlags& flags) {
@@ -38,6 +43,7 @@ DriverOptions driverOptionsFrom(const RuleFlags& flags) {
   options.ruleOptions.keepOps = flags.keepOps;
   options.ruleOptions.inputDefaultsAreConstant = flags.inputDefaultsAreConstant;
   options.ruleOptions.freezeTrainingBatchNorm = flags.freezeTrainingBatchNorm;
+  options.ruleOptions.maxConstantBytes = static_cast<int64_t>(flags.maxConstantMiB * 1024 * 1024);
   return options;
 }
 

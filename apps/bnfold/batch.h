@@ -21,6 +21,7 @@ struct RuleFlags {
   std::vector<std::string> keepOps;
   bool inputDefaultsAreConstant = false;
   bool freezeTrainingBatchNorm = false;
+  double maxConstantMiB = 64;  ///< --max-constant-size
 };
 
 void addRuleFlags(CLI::App& command, RuleFlags& flags);

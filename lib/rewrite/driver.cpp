@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "bnfold/rewrite/rewriter.h"
+#include "constant_eval.h"
 
 namespace bnfold {
 
@@ -99,6 +100,7 @@ void recordSkippedBatchNorms(Model& model, const RuleContext& context,
 void runRules(Model& model, const DriverOptions& options, Report& report) {
   report.setOpset(model.opsetVersion(""));
   report.setRules(options.rules);
+  report.setReorderedGraphs(model.reorderedGraphs());
   std::unordered_map<std::string, std::vector<const Rule*>> rulesByOp;
   for (const auto& rule : builtinRules()) {
     if (std::find(options.rules.begin(), options.rules.end(), rule->name()) == options.rules.end()) continue;
@@ -138,6 +140,7 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
         }
         MatchResult result = rule->match(*node, context);
         if (!result.matched()) {
+          context.constantEvaluator().discardPending();
           nodeFailures.push_back({rule, result.failure()});
           continue;
         }
@@ -145,6 +148,9 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
           throw std::runtime_error("rules did not reach a fixed point after " + std::to_string(options.maxRewrites) +
                                    " rewrites");
         rewriter.beginRule(rule);
+        // Constants the match computed from chains become initializers first (the match holds their tensors).
+        for (EvaluatedConstant& evaluated : context.constantEvaluator().takePending())
+          rewriter.materializeConstant(evaluated.value, std::move(evaluated.tensor), evaluated.nodes);
         rule->rewrite(result.match(), rewriter);
         rewriter.beginRule(nullptr);
         nodeFailures.clear();

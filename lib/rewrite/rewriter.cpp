@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "bnfold/rewrite/rule.h"
+#include "constant_eval.h"
 
 namespace bnfold {
 
@@ -186,6 +187,9 @@ void Rewriter::eraseNode(const Node* constNode) {
   }
   Graph& graph = *node->graph_;
   node->erased_ = true;
+  if (erasedLog_) erasedLog_->push_back(node->name());
+  for (Value* input : node->inputs_)
+    if (input) touch(input->producer_);
   auto owned = std::move(*node->position_);
   graph.nodes_.erase(node->position_);
   for (Value* output : node->outputs_)
@@ -206,7 +210,8 @@ void Rewriter::removeUse(Value* value, Node* node, int slot) {
   dropIfDeadConstant(value);
 }
 
-// A constant whose last reader a rewrite removed goes too (nothing else is removed). Graph inputs, graph
+// A constant whose last reader a rewrite removed goes too, and so does a Constant or pure op (see
+// isConstantFoldableOp) none of whose outputs is read any more; nothing else is removed. Graph inputs, graph
 // outputs and names read by training_info stay.
 void Rewriter::dropIfDeadConstant(Value* value) {
   if (value->hasUses() || value->graphOutput_ || value->graphInput_ || model_.isPinned(value->name_)) return;
@@ -215,7 +220,49 @@ void Rewriter::dropIfDeadConstant(Value* value) {
     return;
   }
   Node* producer = value->producer_;
-  if (producer && producer->isOnnxOp("Constant") && !producer->erased_) eraseNode(producer);
+  if (!producer || producer->erased_ || !(producer->isOnnxOp("Constant") || isConstantFoldableOp(*producer))) return;
+  for (const Value* output : producer->outputs_)
+    if (output && (output->hasUses() || output->graphOutput_ || model_.isPinned(output->name_))) return;
+  eraseNode(producer);
+}
+
+void Rewriter::materializeConstant(const Value* constValue, std::unique_ptr<Tensor> tensor,
+                                   const std::vector<const Node*>& chain) {
+  auto* value = const_cast<Value*>(constValue);
+  Graph& graph = *value->graph_;
+  nlohmann::json entry = {{"value", value->name_},
+                          {"graph", graph.name()},
+                          {"data_type", dataTypeName(tensor->dataType())},
+                          {"dims", tensor->dims()}};
+  nlohmann::json ops = nlohmann::json::array(), nodes = nlohmann::json::array();
+  for (const Node* node : chain) {
+    ops.push_back(node->opType());
+    nodes.push_back(node->name());
+  }
+  entry["ops"] = std::move(ops);
+  entry["nodes"] = std::move(nodes);
+
+  tensor->setName(value->name_);
+  if (modelUsesExternalData_ && tensor->byteSize() >= 1024) tensor->setPreferExternal(true);
+  value->initializer_ = std::move(tensor);
+  graph.initializers_.push_back(value);
+  markDirty(graph);  // finish() lists it among the graph inputs in IR version 3
+  std::vector<std::string> erased;
+  erasedLog_ = &erased;
+  if (Node* producer = value->producer_) {
+    // The producer loses this output; it (and the chain behind it) goes when nothing else reads it.
+    producer->outputs_[static_cast<std::size_t>(value->producerOutput_)] = nullptr;
+    value->producer_ = nullptr;
+    value->producerOutput_ = -1;
+    bool stillRead = false;
+    for (const Value* output : producer->outputs_)
+      if (output && (output->hasUses() || output->graphOutput_ || model_.isPinned(output->name_))) stillRead = true;
+    if (!stillRead) eraseNode(producer);
+    else touch(producer);
+  }
+  erasedLog_ = nullptr;
+  entry["removed_nodes"] = erased;
+  record("evaluated", std::move(entry));
 }
 
 void Rewriter::retireValue(Value* value) {

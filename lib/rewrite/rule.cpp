@@ -4,7 +4,13 @@
 
 #include <algorithm>
 
+#include "constant_eval.h"
+
 namespace bnfold {
+
+RuleContext::RuleContext(const Model& model, const RuleOptions& options)
+    : model_(model), options_(options), evaluator_(std::make_unique<ConstantEvaluator>(*this)) {}
+RuleContext::~RuleContext() = default;
 
 bool globMatch(const std::string& pattern, const std::string& name) {
   return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
@@ -39,9 +45,7 @@ const Tensor* RuleContext::constantOf(const Value* value, MatchFailure* whyNot) 
   if (value->isGraphInput())
     return fail("params-not-constant", "'" + value->name() + "' is a graph input fed at run time");
   if (const Tensor* tensor = value->constantTensor()) return tensor;
-  if (const Node* producer = value->producer())
-    return fail("params-not-constant", "'" + value->name() + "' is computed at run time by node '" +
-                                           producer->name() + "' (" + producer->opType() + ")");
+  if (value->producer()) return evaluator_->evaluate(*value, whyNot);
   return fail("params-not-constant", "'" + value->name() + "' is not a constant");
 }
 

@@ -96,7 +96,7 @@ class DecomposeBatchNorm final : public Rule {
       match->constantDims[0] = params->channels;
     }
     // Mul and Add need constants of X's type; before opset 15 the params share it.
-    std::optional<DataType> type = params->paramValues[0]->constantTensor()->dataType();
+    std::optional<DataType> type = context.constantOf(params->paramValues[0])->dataType();
     if (context.opset() >= 15) {
       type = knownElementType(*x);
       if (!type) type = knownElementType(*bn.output(0));

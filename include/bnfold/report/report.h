@@ -14,8 +14,8 @@ namespace bnfold {
 struct ReorderedGraph;
 
 /// The arrays a report always has, in the order they are written.
-inline constexpr const char* kReportSections[] = {"folds",    "bias_absorbed", "scale_folded", "decomposed",
-                                                  "expanded", "frozen",        "skipped"};
+inline constexpr const char* kReportSections[] = {"folds",  "bias_absorbed", "scale_folded", "decomposed", "expanded",
+                                                  "frozen", "evaluated",     "skipped"};
 /// The array of graphs sorted on load (see Report::setReorderedGraphs): not a rewrite section.
 inline constexpr const char* kReorderedSection = "graph_reordered";
 

@@ -49,8 +49,14 @@ class Rewriter {
   /// Precondition: `to` is read by nothing but `from`'s producer, and is not a graph output.
   void replaceValueKeepingName(const Value* from, const Value* to);
 
-  /// Erases `node`; none of its outputs may still be read or be a graph output.
+  /// Erases `node`; none of its outputs may still be read or be a graph output. The nodes that fed it are looked
+  /// at again by the driver (a reader of their outputs may have lost its only rival).
   void eraseNode(const Node* node);
+
+  /// Turns `value`, computed from constants by the pure ops `chain` (in evaluation order), into an initializer of
+  /// its graph holding `tensor`, its value: it keeps its name and readers; its producer goes, and so does every
+  /// node of the chain nothing else reads (dead-node removal). Records an `evaluated` report entry.
+  void materializeConstant(const Value* value, std::unique_ptr<Tensor> tensor, const std::vector<const Node*>& chain);
 
   /// Appends an entry to a report section, tagged with the current rule's name.
   void record(const std::string& section, nlohmann::json entry);
@@ -75,6 +81,7 @@ class Rewriter {
   std::vector<Node*> touched_;
   std::vector<std::unique_ptr<Node>> erasedNodes_;
   std::vector<Graph*> dirtyGraphs_;
+  std::vector<std::string>* erasedLog_ = nullptr;  // names of erased nodes, while materializeConstant runs
 };
 
 }  // namespace bnfold

@@ -15,6 +15,7 @@
 namespace bnfold {
 
 class Rewriter;
+class ConstantEvaluator;
 
 /// Why a rule did not apply: a short machine-readable code (e.g. "params-not-constant") and a sentence.
 struct MatchFailure {
@@ -58,12 +59,18 @@ struct RuleOptions {
   /// Node-name glob patterns and op types no rule may touch.
   std::vector<std::string> keepNodes;
   std::vector<std::string> keepOps;
+  /// Constant chains (Identity, Cast, Reshape, Add(var, eps), ... of constants) are evaluated for the rules only
+  /// when no op's result is larger than this many bytes.
+  int64_t maxConstantBytes = int64_t{64} << 20;
 };
 
 /// What a rule sees besides the node: the model and the user's options.
 class RuleContext {
  public:
-  RuleContext(const Model& model, const RuleOptions& options) : model_(model), options_(options) {}
+  RuleContext(const Model& model, const RuleOptions& options);
+  ~RuleContext();
+  RuleContext(const RuleContext&) = delete;
+  RuleContext& operator=(const RuleContext&) = delete;
   const Model& model() const { return model_; }
   const RuleOptions& options() const { return options_; }
   int64_t opset() const { return model_.opsetVersion(""); }
@@ -72,12 +79,18 @@ class RuleContext {
   bool isKept(const Node& node) const;
 
   /// The constant tensor behind `value` when it is a compile-time constant under the user's options, else
-  /// null with `whyNot` (when given) set to a failure saying why (e.g. a graph input fed at run time).
+  /// null with `whyNot` (when given) set to a failure saying why (e.g. a graph input fed at run time). A value
+  /// computed from constants by a chain of pure ops (Identity, Cast, Reshape, Add(var, eps), ...) counts: it is
+  /// evaluated, and the driver has the rewriter turn it into an initializer when the match that asked succeeds.
   const Tensor* constantOf(const Value* value, MatchFailure* whyNot = nullptr) const;
+
+  /// The evaluator behind constantOf, for the driver (lib/rewrite/constant_eval.h).
+  ConstantEvaluator& constantEvaluator() const { return *evaluator_; }
 
  private:
   const Model& model_;
   const RuleOptions& options_;
+  std::unique_ptr<ConstantEvaluator> evaluator_;
 };
 
 class Rule {
