@@ -1,16 +1,21 @@
-// Before:     Y = BatchNormalization(L(X, W, B?), s, b, m, v)     L = Conv | ConvTranspose | Gemm | MatMul
-// After:      Y = L(X, W', B')                                      (MatMul with a bias: Y = Gemm(X, W', B'))
+// Before:     Y = BatchNormalization(P(L(X, W, B?)), s, b, m, v)   L = Conv | ConvTranspose | Gemm | MatMul
+//             (or P(Concat(L1(...), L2(...), ...)) on the layers' channel axis)
+//             P = a path of layout ops (Identity, Transpose, Reshape, Flatten, Squeeze, Unsqueeze), maybe empty
+// After:      Y = P(L(X, W', B'))                                  (MatMul with a bias: Gemm(X, W', B') when 2-D,
+//                                                                    Add(MatMul(X, W'), B') otherwise)
 // Conditions: inference-mode BN (is_test=1 / no optional outputs / training_mode=0); s, b, m, v constant and
 //             finite with v + eps > 0; spatial=0 params constant within each channel; L's weight and bias
-//             constant; L's output read only by the BN and not a graph output; L in the BN's graph and not
-//             kept; the BN's channel axis (1) is L's output channel axis (MatMul: only for 2-D outputs).
+//             constant; every value from L to the BN read only by the next node and not a graph output; L in the
+//             BN's graph and not kept; P carries L's output channel axis (1; MatMul: the last) to the BN's axis 1
+//             element for element (layout_path.h); a Concat joins layers on their channel axis, and BN channels
+//             [begin, end) of each layer's range fold into that layer.
 // Math:       k = s / sqrt(v + eps);  W'[c] = W[c] * k[c];  B' = (B - m) * k + b  (B = 0 when absent; Gemm:
 //             C' = beta * C * k + (b - m * k) and beta = 1). Computed in double, rounded once to each tensor's
-//             own type.
+//             own type. A per-channel affine map commutes with a layout op that keeps the channels apart.
 //
 // Every check is in `match`; `rewrite` only writes new initializers (shared tensors are never edited; helpers
-// in affine_layer.h) and lets the layer's output take over the BN output's name, so consumers and graph outputs
-// keep working.
+// in affine_layer.h) and lets the BN's input take over the BN output's name, so consumers and graph outputs
+// keep working. The layout ops stay.
 
 #include <algorithm>
 
@@ -19,6 +24,7 @@
 #include "batch_norm_params.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "kernels/fold_math.h"
+#include "layout_path.h"
 #include "opset_emit.h"
 #include "rules.h"
 #include "value_shape.h"
@@ -26,11 +32,19 @@
 namespace bnfold::rules {
 namespace {
 
+/// One layer the BN folds into, with the BN channels [begin, end) that are its outputs.
+struct LayerPart {
+  AffineLayer layer;
+  int64_t begin = 0, end = 0;
+  bool needsBias = false;  // a MatMul whose shift is not zero: becomes a Gemm (2-D) or gets an Add
+};
+
 struct BatchNormFold : Match {
   const Node* bn = nullptr;
-  AffineLayer layer;
   InferenceBatchNorm params;
-  bool matMulToGemm = false;  // a MatMul that needs a bias becomes a Gemm
+  LayoutPath path;
+  const Node* concat = nullptr;
+  std::vector<LayerPart> parts;
 };
 
 std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
@@ -45,6 +59,37 @@ MatchFailure layerFailure(MatchFailure why) {
 
 bool anyNonZero(const std::vector<double>& values) {
   return std::any_of(values.begin(), values.end(), [](double v) { return v != 0.0; });
+}
+
+std::string pathText(const LayoutPath& path) {
+  std::string text;
+  for (const Node* step : path.steps) text += (text.empty() ? "" : " -> ") + describe(*step);
+  return text.empty() ? "" : " (through " + text + ")";
+}
+
+kernels::ChannelAffine sliceOf(const kernels::ChannelAffine& affine, int64_t begin, int64_t end) {
+  return {{affine.scale.begin() + begin, affine.scale.begin() + end}, {affine.shift.begin() + begin, affine.shift.begin() + end}};
+}
+
+/// Reads one layer the BN folds into (its output read only on the way to the BN), or fails.
+std::optional<AffineLayer> readLayer(const Node& layerNode, const Node& bn, const RuleContext& context,
+                                     MatchFailure* why) {
+  if (layerNode.graph() != bn.graph()) {
+    *why = {"layer-in-outer-graph", describe(bn) + " is in a subgraph but its input comes from " + describe(layerNode) +
+                                        " in an enclosing graph"};
+    return std::nullopt;
+  }
+  std::optional<AffineLayer> layer = readAffineLayer(layerNode, context, why);
+  if (!layer) {
+    *why = layerFailure(*why);
+    return std::nullopt;
+  }
+  if (const Node* kept = keptConstantProducer(context, {layer->weightValue, layer->biasValue})) {
+    *why = {"layer-kept-by-user", "a weight of " + describe(layerNode) + " comes from Constant '" + kept->name() +
+                                      "', which is kept by --keep/--keep-op"};
+    return std::nullopt;
+  }
+  return layer;
 }
 
 class FoldBatchNormIntoLayer final : public Rule {
@@ -64,28 +109,28 @@ class FoldBatchNormIntoLayer final : public Rule {
                                                        "); only inference-mode BatchNormalization is folded");
     }
 
-    // The layer: the producer of X, in the same graph, read by nothing else.
+    // The layer (or Concat of layers) before the BN, maybe through layout ops.
     const Value* x = bn.input(0);
-    const Node* layerNode = x ? x->producer() : nullptr;
-    if (!layerNode) {
+    if (!x) return MatchResult::failure("no-foldable-producer", describe(bn) + " has no input");
+    auto match = std::make_unique<BatchNormFold>();
+    match->path = findLayoutPath(*x);
+    const Node* source = match->path.source;
+    if (!source) {
       return MatchResult::failure("no-foldable-producer",
-                                  describe(bn) + " reads '" + (x ? x->name() : std::string()) +
-                                      "', a graph input or constant, not the output of a layer");
+                                  describe(bn) + " reads '" + x->name() + "'" + pathText(match->path) +
+                                      ", a graph input or constant, not the output of a layer");
     }
-    if (!isAffineLayerOp(*layerNode)) {
+    const bool isConcat = source->isOnnxOp("Concat");
+    if (!isAffineLayerOp(*source) && !isConcat) {
       return MatchResult::failure("no-foldable-producer",
-                                  describe(bn) + " reads the output of " + describe(*layerNode) +
+                                  describe(bn) + " reads the output of " + describe(*source) + pathText(match->path) +
                                       ", not of a Conv, ConvTranspose, Gemm or MatMul");
     }
-    if (x->isGraphOutput() || x->uses().size() != 1) {
+    if (const Value* shared = sharedValueOnPath(match->path, *x)) {
       return MatchResult::failure("layer-has-other-consumers",
-                                  "the output '" + x->name() + "' of " + describe(*layerNode) + " is " +
-                                      (x->isGraphOutput() ? "a graph output" : "read by another node") +
-                                      " besides " + describe(bn) + ", which needs it unnormalized");
-    }
-    if (layerNode->graph() != bn.graph()) {
-      return MatchResult::failure("layer-in-outer-graph", describe(bn) + " is in a subgraph but its input comes from " +
-                                                              describe(*layerNode) + " in an enclosing graph");
+                                  "'" + shared->name() + "' on the way from " + describe(*source) + " to " +
+                                      describe(bn) + " is " + (shared->isGraphOutput() ? "a graph output" : "read by another node") +
+                                      ", which needs it unnormalized");
     }
 
     // The BN's parameters (constant, finite, var + eps > 0; spatial=0 only when uniform per channel).
@@ -94,45 +139,96 @@ class FoldBatchNormIntoLayer final : public Rule {
         readInferenceBatchNorm(bn, context, PerElementParams::ReducePerChannel, &why);
     if (!params) return MatchResult::failure(why.code, why.message);
 
-    // The layer's weights.
-    std::optional<AffineLayer> layer = readAffineLayer(*layerNode, context, &why);
-    if (!layer) {
-      why = layerFailure(why);
-      return MatchResult::failure(why.code, why.message);
+    // The layers and the axis their channels are on.
+    int64_t rank = -1, axis = -1, channels = 0;
+    if (isConcat) {
+      match->concat = source;
+      for (const Value* input : source->inputs()) {
+        const Node* producer = input ? input->producer() : nullptr;
+        if (!producer || !isAffineLayerOp(*producer))
+          return MatchResult::failure("no-foldable-producer",
+                                      describe(bn) + " reads " + describe(*source) + ", whose input '" +
+                                          (input ? input->name() : std::string()) +
+                                          "' is not the output of a Conv, ConvTranspose, Gemm or MatMul");
+        if (input->isGraphOutput() || input->uses().size() != 1)
+          return MatchResult::failure("layer-has-other-consumers",
+                                      "the output '" + input->name() + "' of " + describe(*producer) + " is read by " +
+                                          "another node besides " + describe(*source) + " or is a graph output");
+        auto layer = readLayer(*producer, bn, context, &why);
+        if (!layer) return MatchResult::failure(why.code, why.message);
+        if (layer->outputRank < 0)
+          return MatchResult::failure("rank-unknown", "the rank of the output of " + describe(*producer) + " is not known");
+        const int64_t concatAxis = source->attributeInt("axis", 0) < 0 ? source->attributeInt("axis", 0) + layer->outputRank
+                                                                      : source->attributeInt("axis", 0);
+        if (rank >= 0 && layer->outputRank != rank)
+          return MatchResult::failure("channel-axis-mismatch", describe(*source) + " joins outputs of different ranks");
+        if (concatAxis != layer->outputChannelAxis())
+          return MatchResult::failure("channel-axis-mismatch",
+                                      describe(*source) + " joins along axis " + std::to_string(concatAxis) + ", not the " +
+                                          "channel axis " + std::to_string(layer->outputChannelAxis()) + " of " +
+                                          describe(*producer));
+        rank = layer->outputRank;
+        axis = concatAxis;
+        LayerPart part;
+        part.begin = channels;
+        channels += layer->outputChannels;
+        part.end = channels;
+        part.layer = std::move(*layer);
+        match->parts.push_back(std::move(part));
+      }
+    } else {
+      auto layer = readLayer(*source, bn, context, &why);
+      if (!layer) return MatchResult::failure(why.code, why.message);
+      rank = layer->outputRank;
+      axis = layer->outputChannelAxis();
+      channels = layer->outputChannels;
+      LayerPart part;
+      part.end = channels;
+      part.layer = std::move(*layer);
+      match->parts.push_back(std::move(part));
     }
-    if (const Node* kept = keptConstantProducer(context, {layer->weightValue, layer->biasValue})) {
-      return MatchResult::failure("layer-kept-by-user", "a weight of " + describe(*layerNode) +
-                                                            " comes from Constant '" + kept->name() +
-                                                            "', which is kept by --keep/--keep-op");
-    }
-    if (params->channels != layer->outputChannels) {
+    if (params->channels != channels) {
       return MatchResult::failure("param-shape-mismatch",
                                   describe(bn) + " has " + std::to_string(params->channels) + " channels but " +
-                                      describe(*layerNode) + " has " + std::to_string(layer->outputChannels) +
-                                      " output channels");
+                                      describe(*source) + " has " + std::to_string(channels) + " output channels");
     }
-    if (layer->isMatMul()) {
+
+    const bool directMatMul = match->path.steps.empty() && !isConcat && match->parts[0].layer.isMatMul();
+    if (directMatMul) {
       // BN normalizes axis 1; MatMul's output channels are its last axis. They coincide only for 2-D outputs.
       std::optional<std::vector<int64_t>> shape = knownShape(*bn.output(0));
       if (!shape) shape = knownShape(*x);
       if (!shape) {
         return MatchResult::failure(
-            "rank-unknown", "the rank of the output of " + describe(*layerNode) +
+            "rank-unknown", "the rank of the output of " + describe(*source) +
                                 " is not known; BatchNormalization normalizes axis 1, which is MatMul's column "
                                 "axis only for a 2-D output");
       }
       if (shape->size() != 2) {
         return MatchResult::failure("channel-axis-mismatch",
-                                    "the output of " + describe(*layerNode) + " has rank " +
+                                    "the output of " + describe(*source) + " has rank " +
                                         std::to_string(shape->size()) +
                                         ": BatchNormalization normalizes axis 1, not MatMul's column axis");
       }
+      match->parts[0].layer.outputRank = 2;
+    } else if (!match->path.steps.empty() || match->parts[0].layer.isMatMul()) {
+      if (rank < 0)
+        return MatchResult::failure("rank-unknown", "the rank of the output of " + describe(*source) +
+                                                        " is not known, so the channel axis cannot be followed" +
+                                                        pathText(match->path));
+      std::optional<int64_t> mapped = mapFeatureAxis(match->path, rank, axis, channels, context, &why);
+      if (!mapped) return MatchResult::failure(why.code, why.message);
+      if (*mapped != 1)
+        return MatchResult::failure("channel-axis-mismatch",
+                                    "the channel axis " + std::to_string(axis) + " of " + describe(*source) +
+                                        " ends on axis " + std::to_string(*mapped) + pathText(match->path) +
+                                        ", but " + describe(bn) + " normalizes axis 1");
     }
 
-    auto match = std::make_unique<BatchNormFold>();
-    match->matMulToGemm = layer->isMatMul() && anyNonZero(params->affine.shift);
+    for (LayerPart& part : match->parts)
+      part.needsBias = part.layer.isMatMul() &&
+                       anyNonZero({params->affine.shift.begin() + part.begin, params->affine.shift.begin() + part.end});
     match->bn = &bn;
-    match->layer = std::move(*layer);
     match->params = std::move(*params);
     return MatchResult::success(std::move(match));
   }
@@ -140,22 +236,37 @@ class FoldBatchNormIntoLayer final : public Rule {
   void rewrite(Match& base, Rewriter& rewriter) const override {
     auto& match = static_cast<BatchNormFold&>(base);
     const Node& bn = *match.bn;
-    const AffineLayer& layer = match.layer;
+    nlohmann::json path = nlohmann::json::array();
+    for (const Node* step : match.path.steps) path.push_back({{"node", step->name()}, {"op", step->opType()}});
+    for (const LayerPart& part : match.parts) {
+      nlohmann::json entry = describeBatchNorm(bn, match.params);
+      entry["direction"] = "backward";
+      entry["path"] = path;
+      if (match.concat) {
+        entry["split_by"] = match.concat->name();
+        entry["channels"] = {part.begin, part.end};
+      }
+      foldIntoLayer(rewriter, part, sliceOf(match.params.affine, part.begin, part.end), entry);
+      rewriter.record("folds", std::move(entry));
+    }
+    // The BN's input takes over Y's name; the BN and the constants only it read disappear.
+    rewriter.replaceValueKeepingName(bn.output(0), bn.input(0));
+  }
+
+ private:
+  static void foldIntoLayer(Rewriter& rewriter, const LayerPart& part, const kernels::ChannelAffine& affine,
+                            nlohmann::json& entry) {
+    const AffineLayer& layer = part.layer;
     const Node* into = layer.node;
-    const kernels::ChannelAffine& affine = match.params.affine;
-    nlohmann::json entry = describeBatchNorm(bn, match.params);
-    entry["direction"] = "backward";
     entry["weight_before"] = layer.weightValue->name();
     entry["bias_before"] = layer.biasValue ? nlohmann::json(layer.biasValue->name()) : nlohmann::json();
-
     // W' = W * k per output channel, always into a new initializer (W may be shared).
-    const std::string weightAfter = writeScaledWeight(rewriter, layer, ChannelSide::Output, affine.scale, "_folded");
-    entry["weight_after"] = weightAfter;
+    entry["weight_after"] = writeScaledWeight(rewriter, layer, ChannelSide::Output, affine.scale, "_folded");
 
-    const Value* output = into->output(0);
     nlohmann::json biasAfter = entry["bias_before"];
     bool biasCreated = false;
-    if (match.matMulToGemm) {
+    const Value* output = into->output(0);
+    if (part.needsBias && layer.outputRank == 2) {
       // A 2-D MatMul with a bias is a Gemm: Y = Gemm(X, W', shift).
       Value* bias = addTensor(rewriter, *into, layer.type(), {layer.outputChannels}, kernels::foldBias(affine),
                               into->name() + "_bias");
@@ -168,7 +279,19 @@ class FoldBatchNormIntoLayer final : public Rule {
       // The Gemm's output takes over the MatMul's value (and name); the MatMul goes.
       rewriter.replaceValueKeepingName(output, gemm->output(0));
       into = gemm;
-      output = gemm->output(0);
+      biasAfter = bias->name();
+      biasCreated = true;
+    } else if (part.needsBias) {
+      // MatMul with more than two dims: the bias goes into an Add on its last (feature) axis.
+      Value* bias = addTensor(rewriter, *into, layer.type(), {layer.outputChannels}, kernels::foldBias(affine),
+                              into->name() + "_bias");
+      const Use reader = output->uses().front();
+      std::vector<onnx::AttributeProto> attributes;
+      if (modelOpset(rewriter) < 7) attributes.push_back(intAttribute("broadcast", 1));
+      const Node* add = rewriter.createNode(reader.node, "Add", {output, bias}, {output->name() + "_biased"},
+                                            into->name() + "_bias_add", std::move(attributes));
+      rewriter.setInput(reader.node, reader.slot, add->output(0));
+      entry["bias_node"] = add->name();
       biasAfter = bias->name();
       biasCreated = true;
     } else if (!layer.isMatMul()) {
@@ -178,14 +301,10 @@ class FoldBatchNormIntoLayer final : public Rule {
         if (layer.isGemm() && modelOpset(rewriter) < 7) rewriter.setAttribute(into, intAttribute("broadcast", 1));
       }
     }
-    // The layer's output takes over Y's name; the BN and the constants only it read disappear.
-    rewriter.replaceValueKeepingName(bn.output(0), output);
-
     entry["into"] = into->name();
     entry["into_op"] = into->opType();
     entry["bias_after"] = biasAfter;
     entry["bias_created"] = biasCreated;
-    rewriter.record("folds", std::move(entry));
   }
 };
 
