@@ -1,13 +1,19 @@
 // Before:     Y = L(BatchNormalization(X, s, b, m, v), W, B?)     L = Conv | Gemm (transA = 0)
-// After:      Y = L(X, W', B')
+//             Y = L(F(BatchNormalization(X, s, b, m, v)), W, B?)  F = Flatten (axis 1) | Reshape to [N, C*H*W],
+//                                                                  L = Gemm (transA = 0) | MatMul (a CNN head)
+// After:      Y = L(X, W', B')  /  Y = L(F(X), W', B')             (a MatMul that needs a bias becomes a Gemm)
 // Conditions: inference-mode BN with constant, finite params and v + eps > 0 (spatial=0 params only when uniform
-//             per channel); the BN output read only by L, as its data input, and not a graph output; L in the
-//             BN's graph with constant W and B and not kept; the shift t folds only when L does no zero padding
-//             (pads all 0, auto_pad NOTSET or VALID): a padded border sees 0, not t. A zero shift always folds.
+//             per channel); the BN output read only by L (or by F, whose output L alone reads), as its data
+//             input, and not a graph output; L in the BN's graph with constant W and B and not kept; the shift t
+//             folds only when L does no zero padding (pads all 0, auto_pad NOTSET or VALID): a padded border sees
+//             0, not t. A zero shift always folds. Through F: X's dims after the channel axis known (their
+//             product is the block), F's output [N, C*block], so channel c is the contiguous block of L's input
+//             features [c*block, (c+1)*block).
 // Math:       k = s / sqrt(v + eps), t = b - m * k (the BN is x * k + t on the input channels)
 //             W'[:, c] = W[:, c] * k[c]        (grouped Conv: input channel c lives in group c / (C/group))
 //             B'[o] = B[o] + sum over c and kernel positions of W[o, c, ...] * t[c]   (original W)
 //             Gemm: C' = beta * C + alpha * (t . B-matrix) per column, beta = 1.
+//             Through F: the same with k and t repeated block times per channel (feature f has channel f / block).
 
 #include <algorithm>
 #include <memory>
@@ -18,6 +24,7 @@
 #include "kernels/forward_fold_math.h"
 #include "opset_emit.h"
 #include "rules.h"
+#include "value_shape.h"
 
 namespace bnfold::rules {
 namespace {
@@ -27,7 +34,20 @@ struct ForwardFold : Match {
   AffineLayer layer;
   InferenceBatchNorm params;
   bool foldShift = false;
+  const Node* flatten = nullptr;  // the Flatten/Reshape between the BN and a Gemm/MatMul, or null
+  int64_t featuresPerChannel = 1;
 };
+
+/// k and t of each input feature when channel c covers features [c*block, (c+1)*block).
+kernels::ChannelAffine repeatPerFeature(const kernels::ChannelAffine& affine, int64_t block) {
+  kernels::ChannelAffine out;
+  for (std::size_t c = 0; c < affine.scale.size(); ++c)
+    for (int64_t i = 0; i < block; ++i) {
+      out.scale.push_back(affine.scale[c]);
+      out.shift.push_back(affine.shift[c]);
+    }
+  return out;
+}
 
 std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
 
@@ -60,7 +80,29 @@ class FoldBatchNormForward final : public Rule {
       return MatchResult::failure("bn-has-other-consumers",
                                   "the output of " + describe(bn) + " is read by several nodes or is a graph output, "
                                   "so it cannot be folded into one following layer");
-    if (!(consumer->isOnnxOp("Conv") || consumer->isOnnxOp("Gemm")) || slot != 0)
+    auto match = std::make_unique<ForwardFold>();
+    if ((consumer->isOnnxOp("Flatten") || consumer->isOnnxOp("Reshape")) && slot == 0) {
+      // A CNN head: BN -> Flatten -> Gemm/MatMul.
+      const Node* flatten = consumer;
+      const Value* flat = flatten->output(0);
+      consumer = flat ? soleConsumer(*flat, &slot) : nullptr;
+      if (!consumer)
+        return MatchResult::failure("no-foldable-consumer", "the output of " + describe(*flatten) + " after " +
+                                                                describe(bn) + " is read by several nodes or is a "
+                                                                "graph output");
+      if (!(consumer->isOnnxOp("Gemm") || consumer->isOnnxOp("MatMul")) || slot != 0)
+        return MatchResult::failure("no-foldable-consumer", "the output of " + describe(bn) + " goes through " +
+                                                                describe(*flatten) + " to " + describe(*consumer) +
+                                                                ", not to the data input of a Gemm or MatMul");
+      MatchFailure why;
+      auto block = featuresPerChannel(bn, *flatten, context, &why);
+      if (!block) return MatchResult::failure(why.code, why.message);
+      match->flatten = flatten;
+      match->featuresPerChannel = *block;
+    }
+    const bool layerOp = consumer->isOnnxOp("Conv") || consumer->isOnnxOp("Gemm") ||
+                         (match->flatten && consumer->isOnnxOp("MatMul"));
+    if (!layerOp || slot != 0)
       return MatchResult::failure("no-foldable-consumer", "the output of " + describe(bn) + " is read by " +
                                                               describe(*consumer) +
                                                               ", not as the data input of a Conv or Gemm");
@@ -83,10 +125,13 @@ class FoldBatchNormForward final : public Rule {
       return MatchResult::failure("channel-axis-mismatch",
                                   describe(*consumer) + " transposes its input (transA=1), so the BN's channels "
                                   "become its output rows, not its input channels");
-    if (params->channels != layer->inputChannels)
-      return MatchResult::failure("param-shape-mismatch", describe(bn) + " has " + std::to_string(params->channels) +
-                                                              " channels, " + describe(*consumer) + " reads " +
-                                                              std::to_string(layer->inputChannels));
+    if (params->channels * match->featuresPerChannel != layer->inputChannels)
+      return MatchResult::failure("param-shape-mismatch",
+                                  describe(bn) + " has " + std::to_string(params->channels) + " channels" +
+                                      (match->flatten ? " of " + std::to_string(match->featuresPerChannel) +
+                                                            " features each"
+                                                      : std::string()) +
+                                      ", " + describe(*consumer) + " reads " + std::to_string(layer->inputChannels));
     const bool hasShift = anyNonZero(params->affine.shift);
     if (hasShift && layer->node->isOnnxOp("Conv")) {
       const std::string padding = zeroPadding(*layer->node);
@@ -96,7 +141,6 @@ class FoldBatchNormForward final : public Rule {
                                     "folding, the border would see the BN's shift instead of 0, so " +
                                         describe(bn) + " cannot be folded into it exactly");
     }
-    auto match = std::make_unique<ForwardFold>();
     match->bn = &bn;
     match->layer = std::move(*layer);
     match->params = std::move(*params);
@@ -107,9 +151,13 @@ class FoldBatchNormForward final : public Rule {
   void rewrite(Match& base, Rewriter& rewriter) const override {
     auto& match = static_cast<ForwardFold&>(base);
     const AffineLayer& layer = match.layer;
-    const kernels::ChannelAffine& affine = match.params.affine;
+    const kernels::ChannelAffine affine = repeatPerFeature(match.params.affine, match.featuresPerChannel);
     nlohmann::json entry = describeBatchNorm(*match.bn, match.params);
     entry["direction"] = "forward";
+    if (match.flatten) {
+      entry["path"] = nlohmann::json::array({{{"node", match.flatten->name()}, {"op", match.flatten->opType()}}});
+      entry["features_per_channel"] = match.featuresPerChannel;
+    }
     entry["into"] = layer.node->name();
     entry["into_op"] = layer.node->opType();
     entry["weight_before"] = layer.weightValue->name();
@@ -122,6 +170,10 @@ class FoldBatchNormForward final : public Rule {
       std::vector<double> response =
           kernels::inputShiftResponse(layer.layout, layer.weight->toDoubles(), layer.weight->dims(), affine.shift);
       for (double& r : response) r *= layer.alpha;
+      if (layer.isMatMul()) {
+        foldIntoMatMulAsGemm(match, affine, response, rewriter, entry);
+        return;
+      }
       const std::vector<double> ones(response.size(), 1.0);
       if (auto bias = foldedBias(layer, {ones, response})) {
         entry["bias_after"] = writeBias(rewriter, layer, *bias);
@@ -131,10 +183,74 @@ class FoldBatchNormForward final : public Rule {
       }
     }
     entry["weight_after"] = writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded");
-
-    rewriter.setInput(layer.node, 0, match.bn->input(0));
-    rewriter.eraseNode(match.bn);
+    removeBatchNorm(match, rewriter);
     rewriter.record("folds", std::move(entry));
+  }
+
+ private:
+  /// The layer (or the Flatten before it) reads the BN's input; the BN goes.
+  static void removeBatchNorm(const ForwardFold& match, Rewriter& rewriter) {
+    rewriter.setInput(match.flatten ? match.flatten : match.layer.node, 0, match.bn->input(0));
+    rewriter.eraseNode(match.bn);
+  }
+
+  /// A 2-D MatMul whose input gets a shift needs a bias: it becomes Gemm(F(X), W', response).
+  static void foldIntoMatMulAsGemm(const ForwardFold& match, const kernels::ChannelAffine& affine,
+                                   const std::vector<double>& response, Rewriter& rewriter, nlohmann::json& entry) {
+    const AffineLayer& layer = match.layer;
+    const Node* matMul = layer.node;
+    entry["weight_after"] = writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded");
+    Value* bias = addTensor(rewriter, *matMul, layer.type(), {layer.outputChannels}, response, matMul->name() + "_bias");
+    std::vector<onnx::AttributeProto> attributes;
+    if (modelOpset(rewriter) < 7) attributes.push_back(intAttribute("broadcast", 1));  // C broadcasts only if told
+    const Node* gemm = rewriter.createNode(matMul, "Gemm", {matMul->input(0), matMul->input(1), bias},
+                                           {matMul->output(0)->name()}, matMul->name() + "_gemm", std::move(attributes));
+    entry["replaced_node"] = matMul->name();
+    entry["replaced_op"] = "MatMul";
+    entry["into"] = gemm->name();
+    entry["into_op"] = "Gemm";
+    entry["bias_after"] = bias->name();
+    entry["bias_created"] = true;
+    rewriter.replaceValueKeepingName(matMul->output(0), gemm->output(0));
+    removeBatchNorm(match, rewriter);
+    rewriter.record("folds", std::move(entry));
+  }
+
+  /// How many consecutive input features of the layer one BN channel becomes through `flatten` (H*W for an NCHW
+  /// input): Flatten with axis 1, or a Reshape to [N, C*H*W] ([0, -1], [-1, C*H*W], [N, -1]).
+  static std::optional<int64_t> featuresPerChannel(const Node& bn, const Node& flatten, const RuleContext& context,
+                                                   MatchFailure* whyNot) {
+    auto shape = knownShape(*bn.input(0));
+    if (!shape) shape = knownShape(*bn.output(0));
+    if (!shape || shape->size() < 2 ||
+        std::any_of(shape->begin() + 2, shape->end(), [](int64_t d) { return d == kUnknownDim; })) {
+      *whyNot = {"rank-unknown", "the dims after the channel axis of the input of " + describe(bn) +
+                                     " are not known, so the features each channel becomes after " +
+                                     describe(flatten) + " are not known"};
+      return std::nullopt;
+    }
+    int64_t block = 1;
+    for (std::size_t i = 2; i < shape->size(); ++i) block *= (*shape)[i];
+    const int64_t channels = (*shape)[1];
+    bool keepsBatch = false;
+    if (flatten.isOnnxOp("Flatten")) {
+      const int64_t axis = flatten.attributeInt("axis", 1);
+      keepsBatch = axis == 1 || axis == 1 - static_cast<int64_t>(shape->size());
+    } else if (const Tensor* target = context.constantOf(flatten.input(1))) {
+      const std::vector<int64_t> dims = target->toInt64s();
+      const bool allowZero = flatten.attributeInt("allowzero", 0) != 0;
+      const bool copiesBatch =
+          dims.size() == 2 && ((dims[0] == 0 && !allowZero) || ((*shape)[0] != kUnknownDim && dims[0] == (*shape)[0]));
+      keepsBatch = dims.size() == 2 &&
+                   ((channels != kUnknownDim && dims[1] == channels * block) || (dims[1] == -1 && copiesBatch));
+    }
+    if (!keepsBatch) {
+      *whyNot = {"channel-axis-mismatch", describe(flatten) + " does not turn the output of " + describe(bn) +
+                                              " into [batch, channels * " + std::to_string(block) +
+                                              "], so a channel is not a block of the next layer's input features"};
+      return std::nullopt;
+    }
+    return block;
   }
 };
 

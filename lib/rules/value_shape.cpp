@@ -51,6 +51,34 @@ Shape broadcastShapes(const Shape& a, const Shape& b) {
 
 std::optional<Shape> shapeOf(const Value* value, int depth);
 
+/// Spatial output dims of a Conv or pooling window over `input` (dims 2.. of an N,C,... tensor), per the ONNX
+/// formulas: explicit pads with floor (or ceil_mode) rounding, auto_pad SAME_* (ceil(in / stride)) and VALID. A dim
+/// stays unknown when its input dim or the kernel is not known.
+void windowOutputDims(const Node& node, const Shape& input, const std::vector<int64_t>& kernel, Shape& out) {
+  const std::size_t spatial = input.size() - 2;
+  if (kernel.size() != spatial) return;
+  const std::string autoPad = node.attributeString("auto_pad", "NOTSET");
+  std::vector<int64_t> strides = node.attributeInts("strides"), dilations = node.attributeInts("dilations"),
+                       pads = node.attributeInts("pads");
+  strides.resize(spatial, 1);
+  dilations.resize(spatial, 1);
+  pads.resize(2 * spatial, 0);
+  const bool ceilMode = node.attributeInt("ceil_mode", 0) != 0;
+  for (std::size_t i = 0; i < spatial; ++i) {
+    const int64_t in = input[i + 2], k = kernel[i], s = strides[i], d = dilations[i];
+    if (in == kUnknownDim || k == kUnknownDim || s <= 0 || d <= 0) continue;
+    const int64_t extent = d * (k - 1) + 1;
+    if (autoPad == "SAME_UPPER" || autoPad == "SAME_LOWER") {
+      out[i + 2] = (in + s - 1) / s;
+    } else if (autoPad == "VALID") {
+      if (in >= extent) out[i + 2] = (in - extent) / s + 1;
+    } else {
+      const int64_t span = in + pads[i] + pads[i + spatial] - extent;
+      if (span >= 0) out[i + 2] = (ceilMode ? (span + s - 1) / s : span / s) + 1;
+    }
+  }
+}
+
 std::optional<Shape> inferredShape(const Value& value, int depth) {
   const Node* producer = value.producer();
   if (!producer || depth > kMaxDepth || !(producer->domain().empty() || producer->domain() == "ai.onnx"))
@@ -66,6 +94,8 @@ std::optional<Shape> inferredShape(const Value& value, int depth) {
     const int64_t group = producer->attributeInt("group", 1);
     if (op == "Conv") out[1] = (*weight)[0];
     else if ((*weight)[1] != kUnknownDim) out[1] = (*weight)[1] * group;
+    if (auto input = shapeOf(producer->input(0), depth + 1); op == "Conv" && input && input->size() == out.size())
+      windowOutputDims(*producer, *input, Shape(weight->begin() + 2, weight->end()), out);
     return out;
   }
   if (op == "Gemm") {
@@ -93,6 +123,7 @@ std::optional<Shape> inferredShape(const Value& value, int depth) {
     const bool global = op.rfind("Global", 0) == 0;
     Shape out(*input);
     for (std::size_t i = 2; i < out.size(); ++i) out[i] = global ? 1 : kUnknownDim;
+    if (!global) windowOutputDims(*producer, *input, producer->attributeInts("kernel_shape"), out);
     return out;
   }
   if (op == "Flatten") return Shape{kUnknownDim, kUnknownDim};

@@ -226,3 +226,18 @@ TEST_CASE("bn-fold layout: conditions that stop the fold, each with its reason",
                   "channel-axis-mismatch");
   }
 }
+
+TEST_CASE("bn-fold layout: Conv -> Flatten -> BN when the Conv's window leaves 1x1 (strides, pads, dilations)", "[bn-fold][layout]") {
+  // x [2,3,7,7], kernel 3x3, dilation 2, stride 3, pads 1: (7 + 2 - 5) / 3 + 1 = 2; a 2x2 output does not flatten
+  // per channel, a 1x1 does: kernel 3x3, dilation 3 on 7x7 without pads gives (7 - 7) / 1 + 1 = 1.
+  auto model = parseModel(header(13) + "g (float[2,3,7,7] x) => (float[2,4] y)\n<" + weights("w", {4, 3, 3, 3}, 20) +
+                          ", " + params(4, 21) + ">\n{\n  c = Conv <dilations = [3, 3]> (x, w)\n  f = Flatten (c)\n"
+                          "  y = BatchNormalization <epsilon = 0.001> (f, s, b, m, v)\n}\n");
+  const Report report = foldAndCompare(*model);
+  CHECK(report.section("folds").size() == 1);
+  auto wide = parseModel(header(13) + "g (float[2,3,7,7] x) => (float[2,16] y)\n<" + weights("w", {4, 3, 3, 3}, 20) +
+                         ", " + params(4, 21) + ">\n{\n  c = Conv <dilations = [2, 2], strides = [3, 3], pads = [1, 1, 1, 1]> (x, w)\n"
+                         "  f = Flatten (c)\n  y = BatchNormalization <epsilon = 0.001> (f, s, b, m, v)\n}\n");
+  const Report refused = applyRules(*wide, {"bn-fold"});
+  CHECK(skipReason(refused, "BatchNormalization_0") == "channel-axis-mismatch");
+}
