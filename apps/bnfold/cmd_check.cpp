@@ -27,7 +27,7 @@ namespace {
 /// Every category, in the order they are listed in help; --fail-on takes these names.
 const std::vector<std::string> kCategories = {"foldable-bn",     "training-bn", "unfoldable-bn", "kept-bn", "bias-add",
                                               "scale-fold", "decomposable-bn", "other-rewrite", "unsorted-graph",
-                                              "invalid-model"};
+                                              "input-defaults", "invalid-model"};
 const char* kDefaultFailOn = "foldable-bn,training-bn";
 
 struct CheckOptions {
@@ -203,7 +203,8 @@ ModelCheck checkOne(const ModelFile& file, const DriverOptions& driverOptions, c
     for (const auto& entry : report.section(kReorderedSection)) result.findings.push_back(reorderedFinding(entry));
     runRules(*model, driverOptions, report);  // the model is changed in memory only; it is never saved
     for (const char* section : kReportSections) {
-      if (std::string(section) == "skipped") continue;
+      // A constant chain evaluated for a rule is part of that rule's rewrite, found there.
+      if (std::string(section) == "skipped" || std::string(section) == "evaluated") continue;
       for (const auto& entry : report.section(section)) result.findings.push_back(rewriteFinding(section, entry));
     }
     // Sections a newer rule may add are findings too.
@@ -217,9 +218,20 @@ ModelCheck checkOne(const ModelFile& file, const DriverOptions& driverOptions, c
     for (Graph* graph : model->allGraphs())
       for (const auto& node : graph->nodes())
         if (node->isOnnxOp("BatchNormalization")) remaining.emplace(std::make_pair(graph->name(), node->name()), node.get());
+    // BNs that would fold with --input-defaults-are-constant make one finding for the model, not one each.
+    const InputDefaultsHint hint = inputDefaultsHint(*model, report);
     for (const auto& entry : report.section("skipped")) {
+      if (entry.contains("would_fold_with")) continue;
       auto it = remaining.find({stringField(entry, "graph"), stringField(entry, "node")});
       result.findings.push_back(skippedFinding(entry, it == remaining.end() ? nullptr : it->second, result.opset));
+    }
+    if (hint.wouldFold > 0) {
+      Finding finding;
+      finding.category = "input-defaults";
+      finding.op = "BatchNormalization";
+      finding.reason = "params-overridable";
+      finding.message = hint.message();
+      result.findings.push_back(std::move(finding));
     }
     result.valid = true;
   } catch (...) {
@@ -407,6 +419,8 @@ Categories:
   decomposable-bn  a BatchNormalization that would be decomposed into elementwise ops
   other-rewrite    any other rewrite a rule would do
   unsorted-graph   a graph whose nodes are not stored in topological order (fold sorts them and says so)
+  input-defaults   BatchNormalization left only because its parameters are initializers that are also graph
+                   inputs; one finding per model saying how many would fold with --input-defaults-are-constant
   invalid-model    the model cannot be read or is structurally invalid (always fails, exit code 2)
 
 Exit codes:

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
@@ -83,10 +84,15 @@ struct Counts {
   }
   static Counts of(const Report& report) {
     Counts counts;
-    counts.folded = report.section("folds").size();
+    // A BN split over a Concat of layers has one `folds` entry per layer: count BNs, not entries.
+    std::set<std::pair<std::string, std::string>> folded;
+    for (const auto& entry : report.section("folds"))
+      folded.emplace(entry.value("graph", std::string()), entry.value("bn", std::string()));
+    counts.folded = folded.size();
     counts.expanded = report.section("expanded").size();
     counts.skipped = report.section("skipped").size();
-    counts.other = report.rewriteCount() - counts.folded - counts.expanded;
+    counts.other = report.rewriteCount() - report.section("folds").size() - counts.expanded -
+                   report.section("evaluated").size();
     return counts;
   }
   std::string text() const {
@@ -117,6 +123,12 @@ void noteReordering(const std::string& input, const Model& model, Report& report
   spdlog::warn("{}: nodes were not in topological order; sorted {}", input, reorderedText(model.reorderedGraphs()));
 }
 
+// BNs left only because their parameters are overridable defaults: one line saying what the flag would change.
+void noteInputDefaults(const std::string& input, Model& model, const Report& report) {
+  const std::string hint = inputDefaultsHint(model, report).message();
+  if (!hint.empty()) spdlog::warn("{}: {}", input, hint);
+}
+
 // ---- one model, one output (the original form of the command) ----
 
 int runSingle(const FoldOptions& options) {
@@ -134,6 +146,7 @@ int runSingle(const FoldOptions& options) {
   report.setOutput(options.output);
   noteReordering(input, *model, report);
   runRules(*model, driverOptions, report);
+  noteInputDefaults(input, *model, report);
   clock.lap(times.rules);
   if (options.dryRun) {
     if (options.timings) printTimings("", times);
@@ -235,6 +248,7 @@ Outcome foldOne(const Planned& item, const FoldOptions& options, const DriverOpt
     noteReordering(input, *model, report);
     runRules(*model, driverOptions, report);
     clock.lap(outcome.times.rules);
+    noteInputDefaults(input, *model, report);
     outcome.counts = Counts::of(report);
     // A model sorted on load is written back sorted, even when no rule changed it.
     outcome.unchanged = options.inPlace && report.rewriteCount() == 0 && model->reorderedGraphs().empty();

@@ -68,8 +68,23 @@ struct Failure {
   MatchFailure failure;
 };
 
+// Whether one of the rules that failed on `node` only because a parameter or weight is an overridable default
+// (params-overridable) would rewrite it if such defaults were constants. Matching changes nothing.
+bool wouldRewriteWithInputDefaults(const Node& node, const std::vector<Failure>& failures, const RuleContext& relaxed) {
+  for (const Failure& f : failures) {
+    if (f.failure.code != "params-overridable") continue;
+    const bool matched = f.rule->match(node, relaxed).matched();
+    relaxed.constantEvaluator().discardPending();
+    if (matched) return true;
+  }
+  return false;
+}
+
 void recordSkippedBatchNorms(Model& model, const RuleContext& context,
                              const std::unordered_map<const Node*, std::vector<Failure>>& failures, Report& report) {
+  RuleOptions relaxedOptions = context.options();
+  relaxedOptions.inputDefaultsAreConstant = true;
+  const RuleContext relaxed(model, relaxedOptions);
   for (Graph* graph : model.allGraphs()) {
     for (const auto& nodePtr : graph->nodes()) {
       const Node& node = *nodePtr;
@@ -89,6 +104,8 @@ void recordSkippedBatchNorms(Model& model, const RuleContext& context,
         for (const Failure& f : it->second)
           details.push_back({{"rule", f.rule->name()}, {"reason", f.failure.code}, {"message", f.failure.message}});
         entry["details"] = std::move(details);
+        if (!context.options().inputDefaultsAreConstant && wouldRewriteWithInputDefaults(node, it->second, relaxed))
+          entry["would_fold_with"] = "--input-defaults-are-constant";
       }
       report.add("skipped", std::move(entry));
     }
@@ -96,6 +113,27 @@ void recordSkippedBatchNorms(Model& model, const RuleContext& context,
 }
 
 }  // namespace
+
+std::string InputDefaultsHint::message() const {
+  if (wouldFold == 0) return "";
+  std::string text = std::to_string(wouldFold) + " BatchNormalization would fold with --input-defaults-are-constant";
+  if (initializers > 0 && initializersAsInputs == initializers)
+    return text + ": every initializer of this model is also a graph input";
+  return text + ": " + std::to_string(initializersAsInputs) + " of its " + std::to_string(initializers) +
+         " initializers are also graph inputs, which a caller may override";
+}
+
+InputDefaultsHint inputDefaultsHint(Model& model, const Report& report) {
+  InputDefaultsHint hint;
+  for (const auto& entry : report.section("skipped"))
+    if (entry.contains("would_fold_with")) ++hint.wouldFold;
+  for (Graph* graph : model.allGraphs())
+    for (const Value* value : graph->initializers()) {
+      ++hint.initializers;
+      if (value->isGraphInput()) ++hint.initializersAsInputs;
+    }
+  return hint;
+}
 
 void runRules(Model& model, const DriverOptions& options, Report& report) {
   report.setOpset(model.opsetVersion(""));

@@ -30,6 +30,19 @@ struct DriverOptions {
   std::size_t maxRewrites = 1000000;
 };
 
+/// What --input-defaults-are-constant would change after a run. Older PyTorch exports list every initializer as a
+/// graph input (IR >= 4), which makes them overridable defaults that no rule folds; `skipped` entries of BNs that
+/// would fold if they were constants carry `would_fold_with`.
+struct InputDefaultsHint {
+  std::size_t wouldFold = 0;             ///< BatchNormalization nodes marked would_fold_with
+  std::size_t initializers = 0;          ///< initializers in every graph of the model
+  std::size_t initializersAsInputs = 0;  ///< those also listed as graph inputs
+  /// One line for users: "3 BatchNormalization would fold with --input-defaults-are-constant: every initializer of
+  /// this model is also a graph input"; empty when nothing would fold.
+  std::string message() const;
+};
+InputDefaultsHint inputDefaultsHint(Model& model, const Report& report);
+
 /// Runs the enabled rules on every graph of the model and records what happened in `report`, including a
 /// `skipped` entry for each BatchNormalization node left in place.
 void runRules(Model& model, const DriverOptions& options, Report& report);
