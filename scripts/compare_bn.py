@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""How many BatchNormalization nodes bnfold removes, next to ONNX Runtime's own offline optimizer.
+
+For every model (files, or folders searched for *.onnx): the BatchNormalization count before, after
+`bnfold fold` (default rules, or --rules), and after ONNX Runtime's offline optimizer at level `basic`
+(scripts/bench/ort_optimize.js), and whether bnfold's output computes the same outputs as the original in ONNX
+Runtime (scripts/ort/compare.js, seeded random inputs). Counts include subgraphs (`bnfold info --json`).
+
+Exit 0 when, for every model, bnfold leaves no more BN than ONNX Runtime and the outputs agree; 1 otherwise (each
+problem named); 2 on bad arguments. With --expected FILE (a JSON object model file name -> "all"), bnfold must also
+leave no BN at all in the models marked "all".
+
+Usage: scripts/compare_bn.py [--bnfold PATH] [--out DIR] [--atol X] [--rtol Y] [--rules R] [--json]
+                             [--expected FILE] MODEL_OR_FOLDER...
+Needs node and onnxruntime-node (BNFOLD_ORT_NODE_MODULES, see scripts/ort/README.md).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def run(command):
+    return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def bn_count(bnfold, model):
+    result = run([bnfold, "info", "--json", str(model)])
+    if result.returncode != 0:
+        raise RuntimeError(f"bnfold info failed on {model}: {result.stderr.strip()}")
+    return json.loads(result.stdout)["batch_normalization"]["count"]
+
+
+def models_in(paths):
+    found = []
+    for path in map(pathlib.Path, paths):
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*.onnx") if p.is_file())
+        elif path.is_file():
+            found.append(path)
+        else:
+            sys.exit(f"compare_bn: {path}: no such file or folder")
+    return found
+
+
+def compare_one(model, args, out_dir):
+    row = {"model": str(model), "before": None, "bnfold": None, "ort": None, "outputs_ok": None, "problems": []}
+    try:
+        row["before"] = bn_count(args.bnfold, model)
+        folded = out_dir / "bnfold" / model.name
+        ort_out = out_dir / "ort" / model.name
+        folded.parent.mkdir(parents=True, exist_ok=True)
+        ort_out.parent.mkdir(parents=True, exist_ok=True)
+        fold = run([args.bnfold, "fold", str(model), "-o", str(folded), "--rules", args.rules, "-q"])
+        if fold.returncode != 0:
+            row["problems"].append(f"bnfold fold failed: {fold.stderr.strip()}")
+            return row
+        row["bnfold"] = bn_count(args.bnfold, folded)
+        ort = run(["node", str(ROOT / "scripts/bench/ort_optimize.js"), str(model), str(ort_out)])
+        if ort.returncode != 0:
+            row["problems"].append(f"ONNX Runtime's optimizer failed: {ort.stderr.strip()}")
+        else:
+            row["ort"] = bn_count(args.bnfold, ort_out)
+        compare = run(["node", str(ROOT / "scripts/ort/compare.js"), str(model), str(folded), "--atol", str(args.atol),
+                       "--rtol", str(args.rtol), "--json"])
+        try:
+            details = json.loads(compare.stdout)
+        except json.JSONDecodeError:
+            details = {"ok": False, "error": compare.stderr.strip()}
+        row["outputs_ok"] = bool(details.get("ok")) and compare.returncode == 0
+        if not row["outputs_ok"]:
+            row["problems"].append(f"outputs differ from the original's (atol {args.atol}, rtol {args.rtol}): "
+                                   + (details.get("error") or json.dumps(details.get("outputs"))))
+        if row["ort"] is not None and row["bnfold"] > row["ort"]:
+            row["problems"].append(f"bnfold leaves {row['bnfold']} BatchNormalization, ONNX Runtime {row['ort']}")
+        if args.expected.get(model.name) == "all" and row["bnfold"] != 0:
+            row["problems"].append(f"bnfold leaves {row['bnfold']} BatchNormalization; every one should fold")
+    except RuntimeError as error:
+        row["problems"].append(str(error))
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", metavar="MODEL_OR_FOLDER")
+    parser.add_argument("--bnfold", default=str(ROOT / "build/apps/bnfold"))
+    parser.add_argument("--out", help="where the folded and ORT-optimized models go (default: a temp folder)")
+    parser.add_argument("--atol", type=float, default=1e-4)
+    parser.add_argument("--rtol", type=float, default=1e-3)
+    parser.add_argument("--rules", default="default")
+    parser.add_argument("--expected", help='JSON object: model file name -> "all" (every BN must fold)')
+    parser.add_argument("--json", action="store_true", help="one JSON document instead of the table")
+    args = parser.parse_args()
+    args.expected = json.loads(pathlib.Path(args.expected).read_text()) if args.expected else {}
+
+    models = models_in(args.paths)
+    if not models:
+        sys.exit("compare_bn: no .onnx model found")
+    with tempfile.TemporaryDirectory() as temp:
+        out_dir = pathlib.Path(args.out or temp)
+        rows = [compare_one(model, args, out_dir) for model in models]
+
+    total = {key: sum(r[key] or 0 for r in rows) for key in ("before", "bnfold", "ort")}
+    failed = [r for r in rows if r["problems"]]
+    if args.json:
+        print(json.dumps({"models": rows, "total": total, "ok": not failed}, indent=2))
+    else:
+        width = max(len(pathlib.Path(r["model"]).name) for r in rows)
+        print(f"{'model':<{width}}  {'BN before':>9}  {'bnfold':>6}  {'ORT basic':>9}  outputs")
+        for r in rows:
+            cell = lambda v: "-" if v is None else str(v)
+            outputs = "-" if r["outputs_ok"] is None else ("same" if r["outputs_ok"] else "DIFFER")
+            print(f"{pathlib.Path(r['model']).name:<{width}}  {cell(r['before']):>9}  {cell(r['bnfold']):>6}  "
+                  f"{cell(r['ort']):>9}  {outputs}")
+        print(f"{'total':<{width}}  {total['before']:>9}  {total['bnfold']:>6}  {total['ort']:>9}")
+        for r in failed:
+            for problem in r["problems"]:
+                print(f"FAIL {r['model']}: {problem}", file=sys.stderr)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
