@@ -170,6 +170,22 @@ inline std::string skipMessage(const Report& report, const std::string& bn) {
   return "";
 }
 
+/// Runs `rules` on a model in ONNX text that they must leave as it is: nothing folded, the BN named `bn` skipped
+/// with reason `code` and a message, and the same op sequence as before. Returns the report.
+inline Report expectBatchNormSkipped(const std::string& text, const std::vector<std::string>& rules,
+                                     const std::string& code, const RuleOptions& options = {},
+                                     const std::string& bn = "BatchNormalization_0") {
+  auto model = parseModel(text);
+  const std::string opsBefore = opSequence(model->graph());
+  Report report = applyRules(*model, rules, options);
+  INFO(report.dump());
+  CHECK(report.section("folds").empty());
+  CHECK(skipReason(report, bn) == code);
+  CHECK_FALSE(skipMessage(report, bn).empty());
+  CHECK(opSequence(model->graph()) == opsBefore);
+  return report;
+}
+
 /// Converts every float tensor (initializers, Constant values) and float tensor type (inputs, outputs,
 /// value_info) of the main graph to `type` (float16, bfloat16 or double), except initializers named in
 /// `keepFloat`. ONNX text cannot spell float16/bfloat16 literals, so the tests write float and convert.
