@@ -7,7 +7,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${BNFOLD_BUILD_DIR:-$root/build}"
 model="${1:-$root/models/resnet_block.onnx}"
-eval "$("$root/scripts/setup.sh")"
+# Not eval "$(setup.sh)": eval would hide a failed setup or build (the substitution's status is lost).
+setup_exports="$("$root/scripts/setup.sh")"
+eval "$setup_exports"
 export BNFOLD_ORT_NODE_MODULES
 bnfold="$build_dir/apps/bnfold"
 name="$(basename "$model" .onnx)"
