@@ -99,7 +99,7 @@ std::string withoutTiming(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("batch fold mirrors a folder into --out-dir with a report per model; a bad model fails alone",
+TEST_CASE("batch fold mirrors a folder into --out-dir with a report per model, and a bad model fails alone",
           "[cli][batch]") {
   ModelFolder folder;
   const std::string out = folder.dir.file("out");
@@ -264,7 +264,7 @@ TEST_CASE("batch fold --dry-run writes nothing and shows the plan on stdout", "[
   CHECK(snapshot(folder.dir.path()) == before);
 }
 
-TEST_CASE("batch fold: -q keeps only the failures; a terminal gets a progress bar", "[cli][batch]") {
+TEST_CASE("batch fold: -q keeps only the failures, and a terminal gets a progress bar", "[cli][batch]") {
   ModelFolder folder;
   std::string stdoutText, err;
   CHECK(runCommand(cli("-q fold " + folder.in + " --out-dir " + folder.dir.file("q")), &stdoutText, &err) == 2);

@@ -24,7 +24,7 @@ TEST_CASE("the version flag prints the version", "[cli]") {
   CHECK(out == std::string("bnfold ") + bnfold::kVersion + "\n");
 }
 
-TEST_CASE("--help shows examples and exit codes", "[cli]") {
+TEST_CASE("cli: --help shows examples and exit codes", "[cli]") {
   std::string out;
   CHECK(runCommand(cli("--help"), &out) == 0);
   CHECK_THAT(out, Catch::Contains("Examples:") && Catch::Contains("bnfold fold model.onnx -o") &&

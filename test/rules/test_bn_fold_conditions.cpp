@@ -416,7 +416,7 @@ TEST_CASE("bn-fold refuses: the layer is in an enclosing graph", "[bn-fold]") {
                 "layer-in-outer-graph");
 }
 
-TEST_CASE("bn-fold: a shared weight is never edited; the other reader keeps the old values", "[bn-fold]") {
+TEST_CASE("bn-fold: a shared weight is never edited, and the other reader keeps the old values", "[bn-fold]") {
   auto model = parseModel(header() + R"(g (float[1,2,3,3] x) => (float[1,2,3,3] y, float[1,2,3,3] z)
 <)" + kWeight + R"(, float[2] bias = {0.5, -0.5}, )" + kParams + R"(>
 {
@@ -583,7 +583,7 @@ TEST_CASE("bn-fold: BNs inside If, Loop and Scan bodies, with params from the ou
   for (const char* name : {"w", "s", "b", "m", "v"}) CHECK(scan->graph().findLocal(name) == nullptr);
 }
 
-TEST_CASE("bn-fold: Constant nodes as params and weights are removed once unread; nothing else is", "[bn-fold]") {
+TEST_CASE("bn-fold: Constant nodes as params and weights are removed once unread, and nothing else is", "[bn-fold]") {
   auto model = parseModel(header() + R"(g (float[1,2,3,3] x) => (float[1,2,3,3] y, float[2] keepme)
 <float[2] b = {0.25, -1}, float[2] m = {0.125, -0.375}, float[2] v = {0.5, 2}, float[3] unused = {1, 2, 3}>
 {
