@@ -14,6 +14,7 @@
 #include "batch.h"
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
+#include "bnfold/io/atomic_file.h"
 #include "bnfold/report/report.h"
 #include "bnfold/rewrite/driver.h"
 #include "commands.h"
@@ -136,6 +137,9 @@ int runSingle(const FoldOptions& options) {
   const std::string& input = options.inputs.front();
   if (!options.dryRun && sameFile(input, options.output))
     throw Error(options.output, "the output would overwrite the input model; choose another -o path (or --in-place)");
+  // Bad destinations (a folder, a socket, a dangling link) fail before any work.
+  if (!options.dryRun) destinationOf(options.output);
+  if (!options.report.empty() && options.report != "-") destinationOf(options.report);
 
   PhaseTimes times;
   PhaseClock clock;
@@ -164,8 +168,7 @@ int runSingle(const FoldOptions& options) {
       else report.write(options.report);
     } catch (...) {
       // A run is complete with its report or not at all.
-      std::error_code ec;
-      fs::remove(options.output, ec);
+      removeWrittenFile(options.output);
       throw;
     }
   }
@@ -220,25 +223,18 @@ std::vector<Planned> plan(const FoldOptions& options, const std::vector<ModelFil
   return planned;
 }
 
-// Copies `from` over `to` through a temporary file in `to`'s folder, so `to` is always complete.
-void copyFileAtomically(const fs::path& from, const fs::path& to) {
-  const fs::path temp = to.string() + ".bnfold-tmp";
-  std::error_code ec;
-  fs::copy_file(from, temp, fs::copy_options::overwrite_existing, ec);
-  if (!ec) fs::rename(temp, to, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(temp, ignored);
-    throw Error(to.string(), "cannot write the backup: " + ec.message());
-  }
-}
-
 Outcome foldOne(const Planned& item, const FoldOptions& options, const DriverOptions& driverOptions) {
   Outcome outcome;
   try {
     const std::string& input = item.model.path;
     if (!options.inPlace && !item.output.empty() && sameFile(input, item.output))
       throw Error(input, "the output '" + item.output + "' is the input itself; use --in-place to replace it");
+    if (options.inPlace && !options.dryRun) {
+      std::error_code ec;
+      const fs::file_status status = fs::status(input, ec);  // through links: their target is what is replaced
+      if (fs::exists(status) && !fs::is_regular_file(status) && !fs::is_directory(status))
+        throw Error(input, "--in-place replaces regular files only, and this is a device, FIFO or socket");
+    }
     PhaseClock clock;
     auto model = loadModel(input);
     clock.lap(outcome.times.load);
@@ -276,8 +272,7 @@ Outcome foldOne(const Planned& item, const FoldOptions& options, const DriverOpt
         } catch (...) {
           // As for one model: a result is complete with its report or not at all (in place, the new model
           // stays: the original is gone already, and only the backup, if any, still has it).
-          std::error_code ec;
-          if (!options.inPlace) fs::remove(item.output, ec);
+          if (!options.inPlace) removeWrittenFile(item.output);
           throw;
         }
       }

@@ -16,6 +16,7 @@
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
 #include "deferred_parser.h"
+#include "message_depth.h"
 #include "topological_order.h"
 
 namespace bnfold {
@@ -256,7 +257,9 @@ std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& opt
   if (fd < 0) throw Error(path, std::string("cannot open: ") + std::strerror(errno));
   struct stat info {};
   fstat(fd, &info);
-  if (info.st_size == 0) {
+  // A pipe or device (`bnfold fold /dev/stdin`) is read as a stream; only a regular file can be read lazily.
+  const bool regular = S_ISREG(info.st_mode);
+  if (regular && info.st_size == 0) {
     ::close(fd);
     throw Error(path, "the file is empty");
   }
@@ -264,13 +267,24 @@ std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& opt
   const std::string baseDir = modelPath.has_parent_path() ? modelPath.parent_path().string() : ".";
   // Large raw_data stays in the file until a rule reads it; the writer copies it file to file.
   DeferredModel deferred;
-  bool parsed = parseDeferred(fd, path, baseDir, deferred);
-  if (!parsed) {
+  bool parsed = regular && parseDeferred(fd, path, baseDir, deferred);
+  if (!parsed && !regular) {
+    google::protobuf::io::FileInputStream input(fd, 1 << 20);
+    parsed = deferred.proto.ParseFromZeroCopyStream(&input);
+  } else if (!parsed) {
     deferred = DeferredModel();
     parsed = ::lseek(fd, 0, SEEK_SET) == 0;
     if (parsed) {
       google::protobuf::io::FileInputStream input(fd, 1 << 20);
       parsed = deferred.proto.ParseFromZeroCopyStream(&input);
+    }
+  }
+  if (!parsed && regular) {
+    const std::optional<int> depth = modelMessageDepth(fd);
+    if (depth && *depth > kMaxMessageDepth) {
+      ::close(fd);
+      throw Error(path, "nests messages " + std::to_string(*depth) + " levels deep (subgraphs inside subgraphs); " +
+                            "protobuf's limit, which bnfold keeps, is " + std::to_string(kMaxMessageDepth));
     }
   }
   ::close(fd);

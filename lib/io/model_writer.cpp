@@ -19,7 +19,7 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 
-#include "atomic_file.h"
+#include "bnfold/io/atomic_file.h"
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
 
@@ -389,6 +389,7 @@ int64_t inlineSize(const Tensor& tensor) {
 }  // namespace
 
 void saveModel(Model& model, const std::string& path, const SaveOptions& options) {
+  const Destination destination = destinationOf(path);  // a folder or socket is refused before any work
   const fs::path target(path);
   const std::string dataFileName =
       options.externalDataFileName.empty() ? target.filename().string() + ".data" : options.externalDataFileName;
@@ -426,6 +427,10 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
   std::unordered_map<const Tensor*, Placement> placements;
   std::unique_ptr<AtomicFile> dataFile;
   if (!toExternal.empty()) {
+    if (destination == Destination::SpecialFile)
+      throw Error(path, "is not a regular file, and this model keeps " + std::to_string(toExternal.size()) +
+                            " tensors in a data file beside the model ('" + dataFileName +
+                            "'); write it to a regular file in a folder");
     dataFile = std::make_unique<AtomicFile>(dataPath.string());
     int64_t offset = 0;
     for (Tensor* tensor : toExternal) {
@@ -490,7 +495,9 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
         google::protobuf::io::CodedOutputStream coded(&stream);
         coded.SetSerializationDeterministic(true);
         proto.SerializeWithCachedSizes(&coded);
-        if (coded.HadError()) throw Error(path, "cannot write the model");
+        if (coded.HadError())
+          throw Error(path, std::string("cannot write: ") +
+                                (stream.GetErrno() != 0 ? std::strerror(stream.GetErrno()) : "the stream failed"));
       }
       if (!stream.Flush()) throw Error(path, std::string("cannot write: ") + std::strerror(stream.GetErrno()));
     }

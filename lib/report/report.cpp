@@ -1,6 +1,6 @@
 #include "bnfold/report/report.h"
 
-#include "../io/atomic_file.h"
+#include "bnfold/io/atomic_file.h"
 #include "bnfold/ir/model.h"
 #include "bnfold/version.h"
 

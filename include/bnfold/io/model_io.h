@@ -2,7 +2,8 @@
 /// \file
 /// Loading and saving models. Loading checks the structure (every input defined, tensor sizes agree with
 /// their dims, external data stays inside the model's folder) and throws bnfold::Error naming the file.
-/// Saving is atomic: temp files in the destination folder, renamed into place when complete.
+/// Saving is atomic: temp files in the destination folder, renamed into place when complete (see
+/// bnfold/io/atomic_file.h for links, devices and FIFOs).
 
 #include <memory>
 #include <string>
