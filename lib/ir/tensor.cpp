@@ -1,5 +1,7 @@
 #include "bnfold/ir/tensor.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -156,13 +158,40 @@ std::shared_ptr<const DeferredBytes> Tensor::byteSource() const {
   return std::make_shared<MemoryBytes>(std::string(bytes()));
 }
 
-int64_t Tensor::elementCount() const {
-  int64_t count = 1;
-  for (int64_t dim : proto_->dims()) count *= dim;
-  return count;
+namespace {
+
+template <typename Dims>
+std::string dimsText(const Dims& dims) {
+  std::string text = "[";
+  for (int64_t dim : dims) text += (text.size() > 1 ? ", " : "") + std::to_string(dim);
+  return text + "]";
 }
 
-int64_t Tensor::byteSize() const { return elementCount() * static_cast<int64_t>(elementSize(dataType())); }
+// An external-data offset or length: decimal digits that fit in int64.
+std::optional<int64_t> parseExternalNumber(const std::string& text) {
+  if (text.empty() || !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+}  // namespace
+
+int64_t Tensor::elementCount() const {
+  const std::optional<int64_t> count = checkedElementCount(proto_->dims());
+  if (!count) throw Error("", "tensor '" + name() + "' has dims " + dimsText(proto_->dims()) +
+                                  " whose element count does not fit in 64 bits");
+  return *count;
+}
+
+int64_t Tensor::byteSize() const {
+  const std::optional<int64_t> size = checkedProduct(elementCount(), static_cast<int64_t>(elementSize(dataType())));
+  if (!size) throw Error("", "tensor '" + name() + "' has dims " + dimsText(proto_->dims()) +
+                                 " whose size in bytes does not fit in 64 bits");
+  return *size;
+}
 
 bool Tensor::isExternal() const { return proto_->data_location() == onnx::TensorProto::EXTERNAL; }
 
@@ -170,8 +199,8 @@ ExternalDataRef Tensor::externalData() const {
   ExternalDataRef ref;
   for (const auto& entry : proto_->external_data()) {
     if (entry.key() == "location") ref.location = entry.value();
-    else if (entry.key() == "offset") ref.offset = std::stoll(entry.value());
-    else if (entry.key() == "length") ref.length = std::stoll(entry.value());
+    else if (entry.key() == "offset") ref.offset = parseExternalNumber(entry.value()).value_or(ref.offset);
+    else if (entry.key() == "length") ref.length = parseExternalNumber(entry.value()).value_or(ref.length);
   }
   return ref;
 }
@@ -197,13 +226,6 @@ int64_t typedFieldUnitsPerElement(DataType type) {
   return (type == DataType::Complex64 || type == DataType::Complex128) ? 2 : 1;
 }
 
-bool isNumberLike(const std::string& text) {
-  if (text.empty()) return false;
-  for (char c : text)
-    if (c < '0' || c > '9') return false;
-  return true;
-}
-
 // True when `inner` lies inside `folder` (both canonical).
 bool isInsideFolder(const fs::path& inner, const fs::path& folder) {
   auto folderIt = folder.begin();
@@ -222,13 +244,18 @@ void Tensor::validate(const std::string& file) const {
     if (dim < 0) throw Error(file, what + " has a negative dimension " + std::to_string(dim));
   const DataType type = dataType();
   if (type == DataType::Undefined) throw Error(file, what + " has no data type");
-  const int64_t count = elementCount();
+  const std::optional<int64_t> checkedCount = checkedElementCount(proto_->dims());
+  if (!checkedCount)
+    throw Error(file, what + " has dims " + dimsText(proto_->dims()) + " whose element count does not fit in 64 bits");
+  const int64_t count = *checkedCount;
+  if (!checkedProduct(count, static_cast<int64_t>(elementSize(type))))
+    throw Error(file, what + " has dims " + dimsText(proto_->dims()) + " whose size in bytes does not fit in 64 bits");
   if (isExternal()) {
     ExternalDataRef ref;
     for (const auto& entry : proto_->external_data()) {
-      if ((entry.key() == "offset" || entry.key() == "length") && !isNumberLike(entry.value()))
+      if ((entry.key() == "offset" || entry.key() == "length") && !parseExternalNumber(entry.value()))
         throw Error(file, what + " has external data " + entry.key() + " '" + entry.value() +
-                              "' that is not a number");
+                              "' that is not a number of bytes that fits in 64 bits");
     }
     ref = externalData();
     if (ref.location.empty()) throw Error(file, what + " is stored externally but names no location");
@@ -255,9 +282,8 @@ void Tensor::validate(const std::string& file) const {
     const int64_t available = fileSize - ref.offset;
     const int64_t length = ref.length >= 0 ? ref.length : available;
     if (ref.offset < 0 || ref.offset > fileSize || length > available)
-      throw Error(file, what + " reads bytes " + std::to_string(ref.offset) + ".." +
-                            std::to_string(ref.offset + length) + " of '" + ref.location + "', which has only " +
-                            std::to_string(fileSize) + " bytes");
+      throw Error(file, what + " reads " + std::to_string(length) + " bytes from offset " + std::to_string(ref.offset) +
+                            " of '" + ref.location + "', which has only " + std::to_string(fileSize) + " bytes");
     if (type != DataType::String && length != expected)
       throw Error(file, what + " has " + std::to_string(length) + " bytes of external data but its dims and type (" +
                             dataTypeName(type) + ") need " + std::to_string(expected));
@@ -272,7 +298,7 @@ void Tensor::validate(const std::string& file) const {
     return;
   }
   const int64_t have = typedFieldCount(*proto_, type);
-  const int64_t need = count * typedFieldUnitsPerElement(type);
+  const int64_t need = count * typedFieldUnitsPerElement(type);  // fits: the byte size (>= 8 per complex) does
   if (have != need)
     throw Error(file, what + " holds " + std::to_string(have) + " values but its dims need " + std::to_string(need));
 }

@@ -19,11 +19,7 @@ struct ConstantEvaluator::Result {
   std::vector<const Node*> nodes;
 
   bool floating() const { return isFloatingPoint(type); }
-  int64_t count() const {
-    int64_t n = 1;
-    for (int64_t d : dims) n *= d;
-    return n;
-  }
+  int64_t count() const { return saturatingElementCount(dims); }
   std::vector<double> realValues() const { return alias ? alias->toDoubles() : reals; }
   std::vector<int64_t> intValues() const { return alias ? alias->toInt64s() : ints; }
 };
@@ -80,14 +76,6 @@ std::string dimsText(const Dims& dims) {
 }
 
 std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
-
-/// Elements of `dims`, or nullopt when a dim is negative or the product overflows.
-std::optional<int64_t> elementCount(const Dims& dims) {
-  int64_t count = 1;
-  for (int64_t d : dims)
-    if (d < 0 || __builtin_mul_overflow(count, d, &count)) return std::nullopt;
-  return count;
-}
 
 /// An integer of `type` as stored: narrower types wrap, bool is 0 or 1.
 int64_t wrapToType(DataType type, int64_t v) {
@@ -375,7 +363,7 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
   // Every computed op checks its output's size before allocating it.
   const int64_t limit = context_.options().maxConstantBytes;
   auto sizeOk = [&](DataType type, const Dims& dims, std::string* problem) {
-    const auto count = elementCount(dims);
+    const auto count = checkedElementCount(dims);
     int64_t bytes = 0;
     if (!count || __builtin_mul_overflow(*count, static_cast<int64_t>(elementSize(type)), &bytes) ||
         bytes > limit) {
@@ -430,7 +418,9 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
           }
           if (d < 0) return unsupported("has a negative target dim");
           dims.push_back(d);
-          known *= d;
+          const std::optional<int64_t> product = checkedProduct(known, d);
+          if (!product) return unsupported("reshapes to dims whose element count does not fit in 64 bits");
+          known = *product;
         }
         const int64_t total = x.count();
         if (inferred >= 0) {
@@ -522,7 +512,7 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
         if (!dims) return unsupported("has shapes " + dimsText(a.dims) + " and " + dimsText(b->dims) +
                                       " that do not broadcast");
         if (auto failure = tooLarge(a.type, *dims)) return *failure;
-        const int64_t count = *elementCount(dims.value());
+        const int64_t count = *checkedElementCount(dims.value());
         const auto ia = broadcastIndex(a.dims, *dims, count);
         const auto ib = broadcastIndex(bDims, *dims, count);
         auto out = std::make_shared<Result>();
@@ -713,7 +703,7 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
       const auto dims = broadcastDims(x.dims, *shape);
       if (!dims) return unsupported("expands " + dimsText(x.dims) + " to " + dimsText(*shape) + ", which does not broadcast");
       if (auto failure = tooLarge(x.type, *dims)) return *failure;
-      return finish(gathered(x, *dims, broadcastIndex(x.dims, *dims, *elementCount(*dims))));
+      return finish(gathered(x, *dims, broadcastIndex(x.dims, *dims, *checkedElementCount(*dims))));
     }
     case OpKind::ConstantOfShape: {
       auto shape = intsOf(0);
@@ -723,7 +713,7 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
       if (fill && (fill->elementCount() != 1 || !isSupportedType(type)))
         return unsupported("has a value that is not one number");
       if (auto failure = tooLarge(type, *shape)) return *failure;
-      const int64_t count = *elementCount(*shape);
+      const int64_t count = *checkedElementCount(*shape);
       auto out = std::make_shared<Result>();
       out->type = type;
       out->dims = *shape;

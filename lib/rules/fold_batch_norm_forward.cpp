@@ -125,7 +125,7 @@ class FoldBatchNormForward final : public Rule {
       return MatchResult::failure("channel-axis-mismatch",
                                   describe(*consumer) + " transposes its input (transA=1), so the BN's channels "
                                   "become its output rows, not its input channels");
-    if (params->channels * match->featuresPerChannel != layer->inputChannels)
+    if (checkedProduct(params->channels, match->featuresPerChannel) != layer->inputChannels)
       return MatchResult::failure("param-shape-mismatch",
                                   describe(bn) + " has " + std::to_string(params->channels) + " channels" +
                                       (match->flatten ? " of " + std::to_string(match->featuresPerChannel) +
@@ -229,8 +229,7 @@ class FoldBatchNormForward final : public Rule {
                                      describe(flatten) + " are not known"};
       return std::nullopt;
     }
-    int64_t block = 1;
-    for (std::size_t i = 2; i < shape->size(); ++i) block *= (*shape)[i];
+    const int64_t block = saturatingElementCount(std::vector<int64_t>(shape->begin() + 2, shape->end()));
     const int64_t channels = (*shape)[1];
     bool keepsBatch = false;
     if (flatten.isOnnxOp("Flatten")) {
@@ -242,7 +241,8 @@ class FoldBatchNormForward final : public Rule {
       const bool copiesBatch =
           dims.size() == 2 && ((dims[0] == 0 && !allowZero) || ((*shape)[0] != kUnknownDim && dims[0] == (*shape)[0]));
       keepsBatch = dims.size() == 2 &&
-                   ((channels != kUnknownDim && dims[1] == channels * block) || (dims[1] == -1 && copiesBatch));
+                   ((channels != kUnknownDim && dims[1] == checkedProduct(channels, block)) ||
+                    (dims[1] == -1 && copiesBatch));
     }
     if (!keepsBatch) {
       *whyNot = {"channel-axis-mismatch", describe(flatten) + " does not turn the output of " + describe(bn) +

@@ -23,10 +23,9 @@ bool known(const Dims& dims, std::size_t from = 0) {
                      [](int64_t d) { return d != kUnknownDim; });
 }
 
+// INT64_MAX when the dims' product does not fit (shapes come from the file), which no real dim matches.
 int64_t product(const Dims& dims, std::size_t from) {
-  int64_t p = 1;
-  for (std::size_t i = from; i < dims.size(); ++i) p *= dims[i];
-  return p;
+  return saturatingElementCount(Dims(dims.begin() + static_cast<std::ptrdiff_t>(std::min(from, dims.size())), dims.end()));
 }
 
 /// Where a step leaves the feature axis: the axis and the dims of its output as far as known.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "bnfold/ir/tensor.h"
+
 namespace bnfold::rules {
 namespace {
 
@@ -66,15 +68,19 @@ void windowOutputDims(const Node& node, const Shape& input, const std::vector<in
   const bool ceilMode = node.attributeInt("ceil_mode", 0) != 0;
   for (std::size_t i = 0; i < spatial; ++i) {
     const int64_t in = input[i + 2], k = kernel[i], s = strides[i], d = dilations[i];
-    if (in == kUnknownDim || k == kUnknownDim || s <= 0 || d <= 0) continue;
-    const int64_t extent = d * (k - 1) + 1;
+    if (in < 0 || k <= 0 || s <= 0 || d <= 0) continue;  // unknown, or an invalid attribute: leave the dim unknown
+    // Dims, pads and dilations come from the file: any of these sums may overflow, and then the dim stays unknown.
+    int64_t extent = 0, span = 0;
+    if (__builtin_mul_overflow(d, k - 1, &extent) || __builtin_add_overflow(extent, 1, &extent)) continue;
     if (autoPad == "SAME_UPPER" || autoPad == "SAME_LOWER") {
-      out[i + 2] = (in + s - 1) / s;
+      out[i + 2] = in / s + (in % s != 0);
     } else if (autoPad == "VALID") {
       if (in >= extent) out[i + 2] = (in - extent) / s + 1;
     } else {
-      const int64_t span = in + pads[i] + pads[i + spatial] - extent;
-      if (span >= 0) out[i + 2] = (ceilMode ? (span + s - 1) / s : span / s) + 1;
+      if (__builtin_add_overflow(in, pads[i], &span) || __builtin_add_overflow(span, pads[i + spatial], &span) ||
+          __builtin_sub_overflow(span, extent, &span))
+        continue;
+      if (span >= 0) out[i + 2] = (ceilMode ? span / s + (span % s != 0) : span / s) + 1;
     }
   }
 }
@@ -93,7 +99,7 @@ std::optional<Shape> inferredShape(const Value& value, int depth) {
     if (auto input = shapeOf(producer->input(0), depth + 1); input && !input->empty()) out[0] = (*input)[0];
     const int64_t group = producer->attributeInt("group", 1);
     if (op == "Conv") out[1] = (*weight)[0];
-    else if ((*weight)[1] != kUnknownDim) out[1] = (*weight)[1] * group;
+    else if ((*weight)[1] != kUnknownDim && group > 0) out[1] = checkedProduct((*weight)[1], group).value_or(kUnknownDim);
     if (auto input = shapeOf(producer->input(0), depth + 1); op == "Conv" && input && input->size() == out.size())
       windowOutputDims(*producer, *input, Shape(weight->begin() + 2, weight->end()), out);
     return out;

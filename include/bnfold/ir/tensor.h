@@ -17,6 +17,32 @@
 
 namespace bnfold {
 
+/// a * b, or nothing when the product does not fit in int64. Sizes taken from a model file are untrusted: every
+/// product of dims goes through this (or saturatingProduct), never a plain `*`.
+inline std::optional<int64_t> checkedProduct(int64_t a, int64_t b) {
+  int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product)) return std::nullopt;
+  return product;
+}
+
+/// The product of `dims`, or nothing when a dim is negative (unknown) or the product does not fit in int64.
+template <typename Dims>
+std::optional<int64_t> checkedElementCount(const Dims& dims) {
+  int64_t count = 1;
+  for (int64_t dim : dims) {
+    const std::optional<int64_t> next = dim < 0 ? std::nullopt : checkedProduct(count, dim);
+    if (!next) return std::nullopt;
+    count = *next;
+  }
+  return count;
+}
+
+/// The product of `dims`, or INT64_MAX when checkedElementCount has none: for size bounds, which must refuse.
+template <typename Dims>
+int64_t saturatingElementCount(const Dims& dims) {
+  return checkedElementCount(dims).value_or(INT64_MAX);
+}
+
 /// Element types, numbered as onnx::TensorProto_DataType.
 enum class DataType : int32_t {
   Undefined = 0,
@@ -133,6 +159,8 @@ class Tensor {
   DataType dataType() const { return static_cast<DataType>(proto_->data_type()); }
   std::vector<int64_t> dims() const { return {proto_->dims().begin(), proto_->dims().end()}; }
   int64_t rank() const { return proto_->dims_size(); }
+  /// The product of the dims. Throws bnfold::Error when it does not fit in int64 (validate() refuses such a
+  /// tensor on load).
   int64_t elementCount() const;
   bool isExternal() const;
   /// Written to the output's external data file even though it is held in memory (new weights of a model
@@ -159,7 +187,8 @@ class Tensor {
   template <typename T>
   TensorView<T> view() const;
 
-  /// Bytes occupied by the elements (elementCount * elementSize).
+  /// Bytes occupied by the elements (elementCount * elementSize). Throws bnfold::Error when that does not fit
+  /// in int64.
   int64_t byteSize() const;
 
   const onnx::TensorProto& proto() const { return *proto_; }
