@@ -37,11 +37,14 @@ def bn_count(bnfold, model):
     return json.loads(result.stdout)["batch_normalization"]["count"]
 
 
-def models_in(paths):
+def models_in(paths, out_dir=None):
+    """The .onnx files named or found under the folders, leaving out our own outputs (under out_dir) of a run before."""
     found = []
+    skip = out_dir.resolve() if out_dir else None
     for path in map(pathlib.Path, paths):
         if path.is_dir():
-            found += sorted(p for p in path.rglob("*.onnx") if p.is_file())
+            found += sorted(p for p in path.rglob("*.onnx")
+                            if p.is_file() and not (skip and p.resolve().is_relative_to(skip)))
         elif path.is_file():
             found.append(path)
         else:
@@ -99,7 +102,7 @@ def main():
     args = parser.parse_args()
     args.expected = json.loads(pathlib.Path(args.expected).read_text()) if args.expected else {}
 
-    models = models_in(args.paths)
+    models = models_in(args.paths, pathlib.Path(args.out) if args.out else None)
     if not models:
         sys.exit("compare_bn: no .onnx model found")
     with tempfile.TemporaryDirectory() as temp:
