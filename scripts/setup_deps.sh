@@ -2,7 +2,7 @@
 # Install the Debian 12 packages bnfold needs to build, test and run its scripts.
 # Idempotent: checks each package with dpkg-query first and does not touch apt at all when nothing is missing.
 #
-# Usage: scripts/setup_deps.sh
+# Usage: scripts/setup_deps.sh [EXTRA_PACKAGE...]   (extra packages: e.g. clang-14 for the sanitizer build)
 set -euo pipefail
 
 readonly REQUIRED_PACKAGES=(
@@ -25,7 +25,7 @@ command -v dpkg-query >/dev/null 2>&1 || die "dpkg-query not found: this script 
 command -v apt-get >/dev/null 2>&1 || die "apt-get not found: this script supports Debian 12 only"
 
 missing=()
-for package in "${REQUIRED_PACKAGES[@]}"; do
+for package in "${REQUIRED_PACKAGES[@]}" "$@"; do
     is_installed "$package" || missing+=("$package")
 done
 

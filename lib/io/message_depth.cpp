@@ -38,7 +38,8 @@ std::optional<int> modelMessageDepth(int fd) {
       open.pop_back();
       continue;
     }
-    const FieldDescriptor* field = open.back().type->FindFieldByNumber(static_cast<int>(WireFormatLite::GetTagFieldNumber(tag)));
+    const int fieldNumber = static_cast<int>(WireFormatLite::GetTagFieldNumber(tag));
+    const FieldDescriptor* field = open.back().type->FindFieldByNumber(fieldNumber);
     const bool nested = field && field->type() == FieldDescriptor::TYPE_MESSAGE &&
                         WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
     if (!nested) {

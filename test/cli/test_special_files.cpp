@@ -64,7 +64,8 @@ int fold(const std::string& args, std::string* err) {
 
 }  // namespace
 
-TEST_CASE("special files: -o and --report onto a device node write into it and leave it a device", "[cli][special-files]") {
+TEST_CASE("special files: -o and --report onto a device node write into it and leave it a device",
+          "[cli][special-files]") {
   TempDir dir;
   const std::string null = dir.file("null");
   if (!makeCharDevice(null, 3)) return;
@@ -87,7 +88,8 @@ TEST_CASE("a full device gives 'No space left on device', exit 2, and stays a de
   CHECK(entries(dir.path()) == std::vector<std::string>{"full"});
 }
 
-TEST_CASE("special files: -o onto a FIFO streams the model to its reader and leaves the FIFO", "[cli][special-files]") {
+TEST_CASE("special files: -o onto a FIFO streams the model to its reader and leaves the FIFO",
+          "[cli][special-files]") {
   TempDir dir;
   const std::string expected = foldedBytes(dir);
   const std::string fifo = dir.file("pipe");
@@ -167,7 +169,8 @@ TEST_CASE("a folder, a name ending in '/' and a socket are refused with a messag
   CHECK(entries(dir.path()) == std::vector<std::string>{"folder", "sock"});
 }
 
-TEST_CASE("in-place mode replaces regular files only, and through a link it replaces the target", "[cli][special-files]") {
+TEST_CASE("in-place mode replaces regular files only, and through a link it replaces the target",
+          "[cli][special-files]") {
   TempDir dir;
   const std::string expected = foldedBytes(dir);
   const std::string fifo = dir.file("pipe.onnx");

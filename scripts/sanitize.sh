@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds bnfold with AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer included) and runs the whole
+# suite on that build: the unit, rule and CLI tests (the CLI they spawn is instrumented too), the exporter models
+# and a sample of the libonnx-testdata conformance run. Any report fails the test that caused it.
+# Usage: scripts/sanitize.sh [extra ctest arguments]
+# Environment: BNFOLD_SANITIZE_BUILD_DIR (default build-sanitize), BNFOLD_CONFORMANCE_SAMPLE (default 4: every
+# conformance model of the ops the rules rewrite, and every 4th of the others), BNFOLD_JOBS.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build_dir="${BNFOLD_SANITIZE_BUILD_DIR:-$root/build-sanitize}"
+jobs="${BNFOLD_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+sample="${BNFOLD_CONFORMANCE_SAMPLE:-4}"
+
+log() { printf 'sanitize: %s\n' "$*" >&2; }
+
+# clang: the same build then also takes the libFuzzer targets; its sanitizer runtimes are libclang-rt-14-dev.
+"$root/scripts/setup_deps.sh" clang-14 libclang-rt-14-dev >&2
+ort_modules="$("$root/scripts/ort/ensure_ort.sh" | tail -n 1)"
+export BNFOLD_ORT_NODE_MODULES="$ort_modules"
+
+log "building in $build_dir (clang-14, address,undefined)"
+CC=clang-14 CXX=clang++-14 cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DBNFOLD_WARNINGS_AS_ERRORS=ON -DBNFOLD_SANITIZE=address,undefined -DBNFOLD_CONFORMANCE_SAMPLE="$sample" >&2
+cmake --build "$build_dir" --parallel "$jobs" >&2
+
+# Leaks count as findings; every report prints a stack.
+export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_order=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+export UBSAN_OPTIONS="print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+cd "$build_dir"
+ctest --output-on-failure --parallel "$jobs" "$@"
