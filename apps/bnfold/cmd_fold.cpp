@@ -390,14 +390,15 @@ CommandRunner addFoldCommand(CLI::App& app) {
                       "ONNX model files, or folders searched recursively for *.onnx (inputs are never modified, "
                       "except with --in-place)")
       ->required();
-  command->add_option("-o,--output", options->output, "Where to write the rewritten model (one input)");
+  command->add_option("-o,--output", options->output, "Where to write the rewritten model (one input); a file is replaced atomically, "
+                      "a device or FIFO (/dev/stdout) is written into, a symbolic link's target is replaced");
   command->add_option("--report", options->report, "Write the JSON report here ('-' for stdout; one input)");
   command->add_option("--out-dir", options->outDir, "Write each model under DIR, mirroring the input layout")
       ->type_name("DIR");
   command->add_option("--report-dir", options->reportDir,
                       "Write each model's report under DIR (default: beside the written model)")
       ->type_name("DIR");
-  command->add_flag("--in-place", options->inPlace, "Replace each input atomically (only when a rule changed it)");
+  command->add_flag("--in-place", options->inPlace, "Replace each input atomically (only when a rule changed it; regular files only)");
   command->add_option("--backup-suffix", options->backupSuffix,
                       "With --in-place, keep each original as <model><SUFFIX> (e.g. .bak)")
       ->type_name("SUFFIX");

@@ -204,3 +204,9 @@ TEST_CASE("batch mode: an output that is a dangling link fails that model only",
   CHECK(typeOf(dir.file("out/a.onnx")) == S_IFLNK);
   CHECK_FALSE(fs::exists("/nonexistent-bnfold-target.onnx"));
 }
+
+TEST_CASE("fold --help says how special destinations are treated", "[cli][special-files]") {
+  std::string out, err;
+  REQUIRE(runCommand(cli("fold --help"), &out, &err) == 0);
+  CHECK_THAT(out, Catch::Contains("/dev/stdout") && Catch::Contains("regular files only"));
+}
