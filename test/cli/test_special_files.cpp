@@ -210,3 +210,18 @@ TEST_CASE("fold --help says how special destinations are treated", "[cli][specia
   REQUIRE(runCommand(cli("fold --help"), &out, &err) == 0);
   CHECK_THAT(out, Catch::Contains("/dev/stdout") && Catch::Contains("regular files only"));
 }
+
+TEST_CASE("batch mode: an output that is a device node is written into and stays a device",
+          "[cli][special-files][batch]") {
+  TempDir dir;
+  fs::create_directories(dir.file("in"));
+  fs::create_directories(dir.file("out"));
+  fs::copy_file(sample(kModel), dir.file("in/a.onnx"));
+  fs::copy_file(sample(kModel), dir.file("in/b.onnx"));
+  if (!makeCharDevice(dir.file("out/a.onnx"), 3)) return;
+  std::string out, err;
+  CHECK(runCommand(cli("fold " + dir.file("in") + " --out-dir " + dir.file("out")), &out, &err) == 0);
+  CHECK(typeOf(dir.file("out/a.onnx")) == S_IFCHR);
+  CHECK(typeOf(dir.file("out/b.onnx")) == S_IFREG);
+  CHECK(readFile(dir.file("out/b.onnx")) == foldedBytes(dir));
+}
