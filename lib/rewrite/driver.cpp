@@ -170,7 +170,16 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
       if (bucket == rulesByOp.end() || context.isKept(*node)) continue;
       auto& nodeFailures = failures[node];
       nodeFailures.clear();
+      // Every rule reads input 0 and replaces output 0 of its root (BatchNormalization, Add, Mul, ...); a node
+      // with either omitted ("") is malformed, and no rule looks at it.
+      const bool operandOmitted = node->inputs().empty() || !node->input(0);
+      const bool resultOmitted = node->outputs().empty() || !node->output(0);
       for (const Rule* rule : bucket->second) {
+        if (operandOmitted || resultOmitted) {
+          nodeFailures.push_back({rule, operandOmitted ? MatchFailure{"missing-input", "input 0 is omitted"}
+                                                       : MatchFailure{"missing-output", "output 0 is omitted"}});
+          continue;
+        }
         if (opset < rule->minOpset() || opset > rule->maxOpset()) {
           nodeFailures.push_back({rule, {"unsupported-opset", "rule " + std::string(rule->name()) +
                                                                   " does not handle opset " + std::to_string(opset)}});

@@ -254,6 +254,39 @@ g (float[1,2,4,4] x) => (float[1,3] y)
   CHECK_THAT(report, !Catch::Contains("\"folds\": [{"));
 }
 
+TEST_CASE("a BatchNormalization whose input 0 or output 0 is omitted is skipped by every rule", "[io][bad-input]") {
+  // Found by the graph fuzzer: bn-decompose dereferenced the omitted value. No rule may look at such a node.
+  const int slot = GENERATE(0, 1);  // 0: input X omitted, 1: output Y omitted
+  TempDir dir;
+  onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (float[1,2,3,3] x) => (float[1,2,3,3] y, float[1,2,3,3] c)
+<float[2,2,1,1] w = {1, 0, 0, 1}, float[2] s = {1, 1}, float[2] b = {0, 0}, float[2] m = {0, 0}, float[2] v = {1, 1}>
+{
+  c = Conv (x, w)
+  y = BatchNormalization (c, s, b, m, v)
+}
+)ONNX");
+  onnx::NodeProto& bn = *proto.mutable_graph()->mutable_node(1);
+  if (slot == 0) {
+    bn.set_input(0, "");
+  } else {
+    bn.set_output(0, "");
+    proto.mutable_graph()->mutable_output()->DeleteSubrange(0, 1);  // y, which nothing defines now
+  }
+  writeFile(dir.file("m.onnx"), serialize(proto));
+  std::string out, err;
+  const int code = bnfold::test::runCommand(
+      bnfold::test::cli("fold " + dir.file("m.onnx") + " --rules all -o " + dir.file("o.onnx") + " --report " +
+                        dir.file("r.json")),
+      &out, &err);
+  REQUIRE(code == 0);
+  const std::string report = readFile(dir.file("r.json"));
+  CHECK_THAT(report, Catch::Contains(slot == 0 ? "\"reason\": \"missing-input\"" : "\"reason\": \"missing-output\""));
+  CHECK_THAT(report, Catch::Contains(slot == 0 ? "input 0 is omitted" : "output 0 is omitted"));
+  CHECK_THAT(report, Catch::Contains("\"folds\": []") && Catch::Contains("\"decomposed\": []"));
+}
+
 // ---- nesting deeper than protobuf reads (issue 14 §3) ----
 
 namespace {
