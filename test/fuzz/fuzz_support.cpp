@@ -16,11 +16,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void removeScratchDir() {
-  std::error_code ignored;
-  fs::remove_all(ScratchDir::get().path(), ignored);
-}
-
 // Little-endian floats 0.5, 0.25, ..., then a ramp, so external tensors read from it hold ordinary numbers.
 void writeWeightsFile(const std::string& path) {
   std::vector<float> values(ScratchDir::kWeightsBytes / sizeof(float));
@@ -43,7 +38,12 @@ ScratchDir::ScratchDir() {
   if (!::mkdtemp(pattern.data())) reportFinding("setup", "cannot create a scratch folder like " + pattern);
   path_ = pattern;
   writeWeightsFile(path_ + "/" + kWeightsFileName);
-  std::atexit(removeScratchDir);
+}
+
+// libFuzzer ends with exit(), which runs this; a crash leaves the folder for a look at what was written.
+ScratchDir::~ScratchDir() {
+  std::error_code ignored;
+  fs::remove_all(path_, ignored);
 }
 
 void ScratchDir::writeInput(const uint8_t* data, std::size_t size) const {

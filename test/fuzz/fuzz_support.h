@@ -19,6 +19,9 @@ inline constexpr std::size_t kMaxInputBytes = std::size_t{1} << 20;
 class ScratchDir {
  public:
   static ScratchDir& get();
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
 
   const std::string& path() const { return path_; }
   std::string inputPath() const { return path_ + "/input.onnx"; }

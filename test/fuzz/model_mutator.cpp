@@ -291,7 +291,7 @@ class Mutator {
         shape->add_dim()->set_dim_value(1 + static_cast<int64_t>(below(8)));
         break;
       default:
-        if (chance(50)) shape->mutable_dim()->RemoveLast();
+        if (shape->dim_size() > 0 && chance(50)) shape->mutable_dim()->RemoveLast();
         else shape->Clear();
     }
     return true;
