@@ -1,6 +1,5 @@
-// `bnfold check MODEL...`: a CI gate. Runs the rules `fold` would run, as a dry run that never writes a model,
-// and turns what they would do into findings: the report's sections become categories, so check does not
-// need to know the rules by name, and new rules show up here as soon as they record what they do.
+// `bnfold check MODEL...`: a CI gate. Runs the rules `fold` would run, as a dry run that never writes a model;
+// the library turns the run's report into findings (bnfold/report/findings.h), and check formats them.
 
 #include <algorithm>
 #include <cstdio>
@@ -14,21 +13,15 @@
 #include "batch.h"
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
+#include "bnfold/report/findings.h"
 #include "bnfold/report/report.h"
 #include "bnfold/rewrite/driver.h"
 #include "bnfold/version.h"
 #include "commands.h"
 #include "output.h"
-#include "rules/batch_norm.h"
 
 namespace bnfold::cli {
 namespace {
-
-/// Every category, in the order they are listed in help; --fail-on takes these names.
-const std::vector<std::string> kCategories = {"foldable-bn",     "training-bn", "unfoldable-bn", "kept-bn", "bias-add",
-                                              "scale-fold", "decomposable-bn", "other-rewrite", "unsorted-graph",
-                                              "input-defaults", "invalid-model"};
-const char* kDefaultFailOn = "foldable-bn,training-bn";
 
 struct CheckOptions {
   std::vector<std::string> inputs;
@@ -38,158 +31,12 @@ struct CheckOptions {
   RuleFlags ruleFlags;
 };
 
-struct Finding {
-  std::string category;
-  std::string node;
-  std::string op;
-  std::string graph;
-  std::string rule;
-  std::string reason;
-  std::string message;
-  nlohmann::json entry;  // the report entry it came from (null for invalid-model)
-  bool failing = false;
-};
-
 struct ModelCheck {
   std::string file;
   bool valid = false;
   int64_t opset = 0;
   std::vector<Finding> findings;
 };
-
-std::set<std::string> parseFailOn(const std::string& text) {
-  std::set<std::string> chosen;
-  std::stringstream stream(text);
-  for (std::string token; std::getline(stream, token, ',');) {
-    token.erase(0, token.find_first_not_of(" \t"));
-    token.erase(token.find_last_not_of(" \t") + 1);
-    if (token.empty()) continue;
-    if (token == "none") {
-      chosen.clear();
-    } else if (token == "all") {
-      chosen.insert(kCategories.begin(), kCategories.end());
-    } else if (std::find(kCategories.begin(), kCategories.end(), token) != kCategories.end()) {
-      chosen.insert(token);
-    } else {
-      std::string known;
-      for (const auto& category : kCategories) known += (known.empty() ? "" : ", ") + category;
-      throw Error("", "--fail-on: unknown category '" + token + "' (known: " + known + ", all, none)");
-    }
-  }
-  return chosen;
-}
-
-std::string stringField(const nlohmann::json& entry, const char* key) {
-  auto it = entry.find(key);
-  return it != entry.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-std::string singleQuoted(const std::string& name) { return "'" + name + "'"; }
-
-// The category of a rewrite recorded in `section`. A frozen BN is a training-mode BN in the checked model.
-std::string categoryOfSection(const std::string& section) {
-  static const std::map<std::string, std::string> categories = {
-      {"folds", "foldable-bn"},    {"expanded", "training-bn"},   {"frozen", "training-bn"},
-      {"bias_absorbed", "bias-add"}, {"scale_folded", "scale-fold"}, {"decomposed", "decomposable-bn"}};
-  auto it = categories.find(section);
-  return it == categories.end() ? "other-rewrite" : it->second;
-}
-
-// Report entries name the node a rewrite removes and the layer it goes into with a few conventional fields
-// (not one per rule): "node" (with "op"), or "bn" / "add" / "mul"; and "into" / "layer" with "<field>_op".
-struct NamedField {
-  const char* field;
-  const char* op;  // the op the field implies, or the field holding the op
-};
-constexpr NamedField kRemovedNodeFields[] = {
-    {"node", nullptr}, {"bn", "BatchNormalization"}, {"add", "Add"}, {"mul", "Mul"}};
-constexpr NamedField kTargetFields[] = {{"into", "into_op"}, {"layer", "layer_op"}};
-
-std::string rewriteMessage(const std::string& section, const Finding& finding) {
-  const std::string who = (finding.op.empty() ? std::string("node") : finding.op) + " " + singleQuoted(finding.node);
-  std::string target;
-  for (const NamedField& field : kTargetFields) {
-    const std::string name = stringField(finding.entry, field.field);
-    if (name.empty()) continue;
-    const std::string op = stringField(finding.entry, field.op);
-    target = (op.empty() ? "" : op + " ") + singleQuoted(name);
-    break;
-  }
-  const std::string into = target.empty() ? "" : " into " + target;
-  const std::string by = finding.rule.empty() ? "" : " (" + finding.rule + ")";
-  const std::string cause = stringField(finding.entry, "cause");
-  const std::string because = cause.empty() ? "" : " [" + cause + "]";
-  if (section == "folds") return who + " can be folded" + into + by;
-  if (section == "expanded")
-    return "training-mode " + who + because + " computes batch statistics; fold would expand it into primitive ops" + by;
-  if (section == "frozen") return "training-mode " + who + because + " would be frozen to inference mode" + by;
-  if (section == "bias_absorbed") return who + " can be absorbed into the bias of " + (target.empty() ? "a layer" : target) + by;
-  if (section == "scale_folded") return who + " can be folded into the weights of " + (target.empty() ? "a layer" : target) + by;
-  if (section == "decomposed") return who + " would be decomposed into elementwise ops" + by;
-  return who + ": " + section + into + by;
-}
-
-// A report section's entry in the checked model as a finding (every section but "skipped").
-Finding rewriteFinding(const std::string& section, const nlohmann::json& entry) {
-  Finding finding;
-  finding.category = categoryOfSection(section);
-  finding.entry = entry;
-  for (const NamedField& field : kRemovedNodeFields) {
-    finding.node = stringField(entry, field.field);
-    if (finding.node.empty()) continue;
-    finding.op = field.op ? field.op : stringField(entry, "op");
-    break;
-  }
-  if (finding.op.empty() && finding.category.find("-bn") != std::string::npos) finding.op = "BatchNormalization";
-  finding.graph = stringField(entry, "graph");
-  finding.rule = stringField(entry, "rule");
-  finding.message = rewriteMessage(section, finding);
-  return finding;
-}
-
-// A graph whose nodes were not stored in topological order (sorted on load; fold writes it sorted).
-Finding reorderedFinding(const nlohmann::json& entry) {
-  Finding finding;
-  finding.category = "unsorted-graph";
-  finding.entry = entry;
-  finding.graph = stringField(entry, "graph");
-  const std::string owner = stringField(entry, "subgraph_of");
-  const std::string where = owner.empty() ? "graph " + singleQuoted(finding.graph)
-                                          : "subgraph " + singleQuoted(finding.graph) + " of node " + singleQuoted(owner);
-  const auto moved = entry.value("moved_nodes", std::size_t{0});
-  finding.message = "the nodes of " + where + " are not in topological order (" + std::to_string(moved) +
-                    (moved == 1 ? " node" : " nodes") + " out of place); fold writes them sorted";
-  return finding;
-}
-
-// A BatchNormalization left in place. Training mode is decided from the node itself, so a training-mode BN is
-// found even when no rule that handles training mode ran.
-Finding skippedFinding(const nlohmann::json& entry, const Node* node, int64_t opset) {
-  Finding finding;
-  finding.entry = entry;
-  finding.node = stringField(entry, "node");
-  finding.op = stringField(entry, "op");
-  finding.graph = stringField(entry, "graph");
-  finding.reason = stringField(entry, "reason");
-  const auto details = entry.find("details");
-  if (details != entry.end() && details->is_array() && !details->empty())
-    finding.rule = stringField(details->front(), "rule");
-  const std::string why = finding.reason + ": " + stringField(entry, "message");
-  const std::string who = (finding.op.empty() ? std::string("BatchNormalization") : finding.op) + " " + singleQuoted(finding.node);
-  const rules::BatchNormForm form = node ? rules::readBatchNormForm(*node, opset) : rules::BatchNormForm{};
-  if (form.training) {
-    // Keeping a training-mode BN does not make it an inference model: it stays a training-bn finding.
-    finding.category = "training-bn";
-    finding.message = "training-mode " + who + " [" + form.trainingCause + "] is left in place: " + why;
-  } else if (finding.reason == "kept-by-user") {
-    finding.category = "kept-bn";
-    finding.message = who + " is kept by --keep/--keep-op";
-  } else {
-    finding.category = "unfoldable-bn";
-    finding.message = who + " cannot be folded: " + why;
-  }
-  return finding;
-}
 
 ModelCheck checkOne(const ModelFile& file, const DriverOptions& driverOptions, const std::set<std::string>& failOn) {
   ModelCheck result;
@@ -200,53 +47,18 @@ ModelCheck checkOne(const ModelFile& file, const DriverOptions& driverOptions, c
     Report report;
     report.setInput(file.path);
     report.setReorderedGraphs(model->reorderedGraphs());
-    for (const auto& entry : report.section(kReorderedSection)) result.findings.push_back(reorderedFinding(entry));
     runRules(*model, driverOptions, report);  // the model is changed in memory only; it is never saved
-    for (const char* section : kReportSections) {
-      // A constant chain evaluated for a rule is part of that rule's rewrite, found there.
-      if (std::string(section) == "skipped" || std::string(section) == "evaluated") continue;
-      for (const auto& entry : report.section(section)) result.findings.push_back(rewriteFinding(section, entry));
-    }
-    // Sections a newer rule may add are findings too.
-    for (const auto& [key, value] : report.json().items()) {
-      if (!value.is_array() || key == "rules" || key == "skipped" || key == kReorderedSection) continue;
-      if (std::find(std::begin(kReportSections), std::end(kReportSections), key) != std::end(kReportSections)) continue;
-      for (const auto& entry : value) result.findings.push_back(rewriteFinding(key, entry));
-    }
-    // The BNs left in place, by graph and name, to read their form.
-    std::map<std::pair<std::string, std::string>, const Node*> remaining;
-    for (Graph* graph : model->allGraphs())
-      for (const auto& node : graph->nodes())
-        if (node->isOnnxOp("BatchNormalization")) remaining.emplace(std::make_pair(graph->name(), node->name()), node.get());
-    // BNs that would fold with --input-defaults-are-constant make one finding for the model, not one each.
-    const InputDefaultsHint hint = inputDefaultsHint(*model, report);
-    for (const auto& entry : report.section("skipped")) {
-      if (entry.contains("would_fold_with")) continue;
-      auto it = remaining.find({stringField(entry, "graph"), stringField(entry, "node")});
-      result.findings.push_back(skippedFinding(entry, it == remaining.end() ? nullptr : it->second, result.opset));
-    }
-    if (hint.wouldFold > 0) {
-      Finding finding;
-      finding.category = "input-defaults";
-      finding.op = "BatchNormalization";
-      finding.reason = "params-overridable";
-      finding.message = hint.message();
-      result.findings.push_back(std::move(finding));
-    }
+    result.findings = findingsOf(*model, report, failOn);
     result.valid = true;
   } catch (...) {
-    Finding finding;
-    finding.category = "invalid-model";
-    finding.message = currentErrorMessage(file.path);
-    result.findings = {finding};
+    result.findings = {invalidModelFinding(currentErrorMessage(file.path))};
     result.valid = false;
   }
-  for (Finding& finding : result.findings)
-    finding.failing = finding.category == "invalid-model" || failOn.count(finding.category) > 0;
   return result;
 }
 
-const char* severityOf(const Finding& finding) { return finding.failing ? "error" : "warning"; }
+const char* severityOf(const Finding& finding) { return severityName(finding.severity); }
+bool isFailing(const Finding& finding) { return finding.severity == Severity::Error; }
 
 nlohmann::json findingJson(const std::string& file, const Finding& finding) {
   nlohmann::json json = {{"file", file},
@@ -294,7 +106,7 @@ Totals totalsOf(const std::vector<ModelCheck>& checks) {
     for (const Finding& finding : check.findings) {
       ++totals.findings;
       ++totals.byCategory[finding.category];
-      if (finding.failing) {
+      if (isFailing(finding)) {
         ++totals.failing;
         ++totals.failingByCategory[finding.category];
       }
@@ -310,9 +122,9 @@ int exitCodeOf(const Totals& totals) {
 
 std::string categoryCounts(const std::map<std::string, std::size_t>& counts) {
   std::string text;
-  for (const std::string& category : kCategories) {
-    auto it = counts.find(category);
-    if (it != counts.end()) text += (text.empty() ? "" : ", ") + category + " " + std::to_string(it->second);
+  for (const FindingCategory& category : findingCategories()) {
+    auto it = counts.find(category.name);
+    if (it != counts.end()) text += (text.empty() ? "" : ", ") + it->first + " " + std::to_string(it->second);
   }
   return text;
 }
@@ -320,7 +132,8 @@ std::string categoryCounts(const std::map<std::string, std::size_t>& counts) {
 void printText(const std::vector<ModelCheck>& checks, const Totals& totals, const std::set<std::string>& failOn) {
   const Painter paint(colourAllowed(stdout));
   std::size_t categoryWidth = 0;
-  for (const std::string& category : kCategories) categoryWidth = std::max(categoryWidth, category.size());
+  for (const FindingCategory& category : findingCategories())
+    categoryWidth = std::max(categoryWidth, std::string(category.name).size());
   for (const ModelCheck& check : checks) {
     if (check.findings.empty()) {
       std::cout << paint(Colour::Bold, check.file) << ": " << paint(Colour::Green, "clean") << "\n";
@@ -329,15 +142,15 @@ void printText(const std::vector<ModelCheck>& checks, const Totals& totals, cons
     std::cout << paint(Colour::Bold, check.file) << "\n";
     for (const Finding& finding : check.findings) {
       const std::string severity = severityOf(finding);
-      std::cout << "  " << paint(finding.failing ? Colour::Red : Colour::Yellow, severity)
+      std::cout << "  " << paint(isFailing(finding) ? Colour::Red : Colour::Yellow, severity)
                 << std::string(9 - severity.size(), ' ') << paint(Colour::Cyan, finding.category)
                 << std::string(categoryWidth + 2 - finding.category.size(), ' ') << finding.message << "\n";
     }
   }
   std::string failing = "--fail-on ";
   if (failOn.empty()) failing += "none";
-  for (const std::string& category : kCategories)
-    if (failOn.count(category)) failing += (failing.back() == ' ' ? "" : ",") + category;
+  for (const FindingCategory& category : findingCategories())
+    if (failOn.count(category.name)) failing += (failing.back() == ' ' ? "" : ",") + std::string(category.name);
   std::cout << "\n" << totals.models << (totals.models == 1 ? " model" : " models") << ": " << totals.clean
             << " clean, " << totals.models - totals.clean - totals.invalid << " with findings, " << totals.invalid
             << " invalid; " << totals.findings << (totals.findings == 1 ? " finding" : " findings");
@@ -408,21 +221,33 @@ int runCheck(const CheckOptions& options) {
   return exitCodeOf(totals);
 }
 
-const char* kCheckFooter = R"(
-Categories:
-  foldable-bn      a BatchNormalization `fold` would fold into a layer before or after it
-  training-bn      a training-mode BatchNormalization (expanded, frozen, or left in place)
-  unfoldable-bn    an inference-mode BatchNormalization no rule can remove (with the rule's reason code)
-  kept-bn          an inference-mode BatchNormalization kept by --keep/--keep-op
-  bias-add         an Add that would become a layer's bias
-  scale-fold       a Mul that would be folded into a layer's weights
-  decomposable-bn  a BatchNormalization that would be decomposed into elementwise ops
-  other-rewrite    any other rewrite a rule would do
-  unsorted-graph   a graph whose nodes are not stored in topological order (fold sorts them and says so)
-  input-defaults   BatchNormalization left only because its parameters are initializers that are also graph
-                   inputs; one finding per model saying how many would fold with --input-defaults-are-constant
-  invalid-model    the model cannot be read or is structurally invalid (always fails, exit code 2)
+// "Categories:" and one line per category from the library's table, meanings wrapped under themselves.
+std::string categoriesText() {
+  constexpr std::size_t kWidth = 116;
+  std::size_t nameWidth = 0;
+  for (const FindingCategory& category : findingCategories())
+    nameWidth = std::max(nameWidth, std::string(category.name).size());
+  std::string text = "\nCategories:\n";
+  for (const FindingCategory& category : findingCategories()) {
+    std::string line = "  " + std::string(category.name);
+    line.resize(nameWidth + 4, ' ');
+    std::istringstream words(category.meaning);
+    bool lineHasWords = false;
+    for (std::string word; words >> word;) {
+      if (lineHasWords && line.size() + 1 + word.size() > kWidth) {
+        text += line + "\n";
+        line.assign(nameWidth + 4, ' ');
+        lineHasWords = false;
+      }
+      line += (lineHasWords ? " " : "") + word;
+      lineHasWords = true;
+    }
+    text += line + "\n";
+  }
+  return text;
+}
 
+const char* kCheckFooter = R"(
 Exit codes:
   0  no finding in a --fail-on category
   1  at least one finding in a --fail-on category
@@ -456,7 +281,7 @@ CommandRunner addCheckCommand(CLI::App& app) {
   command->add_option("-j,--jobs", options->jobs, "Models checked in parallel (default: number of cores)")
       ->check(CLI::NonNegativeNumber);
   addRuleFlags(*command, options->ruleFlags);
-  command->footer(std::string(kCheckFooter) + ruleListText());
+  command->footer(categoriesText() + kCheckFooter + ruleListText());
   return [options] { return runCheck(*options); };
 }
 

@@ -20,6 +20,7 @@ cmake --build "$work/build" >/dev/null
 out="$("$work/build/app" "$source_dir/models/resnet_block.onnx" "$work/folded.onnx")"
 echo "$out"
 [[ "$out" =~ ^rewrites:\ [1-9] ]] || { echo "FAIL: the consumer made no rewrite" >&2; exit 1; }
+grep -q '^error foldable-bn: ' <<<"$out" || { echo "FAIL: the consumer got no foldable-bn finding" >&2; exit 1; }
 info="$("$bnfold" info --json "$work/folded.onnx")"
 left="$(node -e 'console.log(JSON.parse(require("fs").readFileSync(0, "utf8")).batch_normalization.count)' <<<"$info")"
 [[ "$left" == 0 ]] || { echo "FAIL: $left BatchNormalization left in the consumer's output" >&2; exit 1; }

@@ -1,6 +1,8 @@
 // README.md's "Using the library" snippet as a program: app IN OUT folds IN into OUT and prints the number of
-// rewrites, so the install test can check that the installed library really ran.
+// rewrites and the findings `bnfold check` would report, so the install test can check that the installed library
+// really ran.
 #include <bnfold/io/model_io.h>
+#include <bnfold/report/findings.h>
 #include <bnfold/rewrite/driver.h>
 
 #include <iostream>
@@ -14,8 +16,11 @@ int main(int argc, char** argv) {
   bnfold::Report report;
   bnfold::DriverOptions options;
   options.rules = bnfold::parseRuleSelection("default");
+  report.setReorderedGraphs(model->reorderedGraphs());
   bnfold::runRules(*model, options, report);
   bnfold::saveModel(*model, argv[2]);
   std::cout << "rewrites: " << report.rewriteCount() << "\n";
+  for (const auto& finding : bnfold::findingsOf(*model, report, bnfold::parseFailOn(bnfold::kDefaultFailOn)))
+    std::cout << bnfold::severityName(finding.severity) << " " << finding.category << ": " << finding.message << "\n";
   return 0;
 }
