@@ -11,6 +11,7 @@
 
 #include "bnfold/error.h"
 #include "bnfold/ir/model.h"
+#include "bnfold/report/reason_codes.h"
 #include "bnfold/report/report.h"
 #include "bnfold/rewrite/driver.h"
 #include "rules/batch_norm.h"
@@ -120,7 +121,7 @@ Finding skippedFinding(const nlohmann::json& entry, const Node* node, int64_t op
     // Keeping a training-mode BN does not make it an inference model: it stays a training-bn finding.
     finding.category = "training-bn";
     finding.message = "training-mode " + who + " [" + form.trainingCause + "] is left in place: " + why;
-  } else if (finding.reason == "kept-by-user") {
+  } else if (finding.reason == reason::kKeptByUser.str()) {
     finding.category = "kept-bn";
     finding.message = who + " is kept by --keep/--keep-op";
   } else {
@@ -207,7 +208,7 @@ std::vector<Finding> findingsOf(Model& model, const Report& report, const std::s
     Finding finding;
     finding.category = "input-defaults";
     finding.op = "BatchNormalization";
-    finding.reason = "params-overridable";
+    finding.reason = reason::kParamsOverridable.str();
     finding.message = hint.message();
     findings.push_back(std::move(finding));
   }

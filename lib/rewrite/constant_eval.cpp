@@ -1,4 +1,5 @@
 #include "constant_eval.h"
+#include "op_versions.h"
 
 #include <algorithm>
 #include <cmath>
@@ -220,6 +221,30 @@ std::optional<int64_t> applyInt(const std::string& op, int64_t a, int64_t b) {
 
 }  // namespace
 
+namespace {
+
+/// The versions of each op in opTable() that evaluation was written for (see lib/rewrite/op_versions.h).
+std::vector<OpVersions> understoodVersions(const std::string& op) {
+  static const std::vector<OpVersions> understood = {
+      {"Identity", {1, 13, 14, 16, 19, 21, 23, 24, 25}}, {"Reshape", {1, 5, 13, 14, 19, 21, 23, 24, 25}},
+      {"Squeeze", {1, 11, 13, 21, 23, 24, 25}},          {"Unsqueeze", {1, 11, 13, 21, 23, 24, 25}},
+      {"Flatten", {1, 9, 11, 13, 21, 23, 24, 25}},       {"Sqrt", {1, 6, 13}},
+      {"Reciprocal", {1, 6, 13}},                        {"Neg", {1, 6, 13}},
+      {"Add", {1, 6, 7, 13, 14}},                        {"Sub", {1, 6, 7, 13, 14}},
+      {"Mul", {1, 6, 7, 13, 14}},                        {"Div", {1, 6, 7, 13, 14}},
+      {"Pow", {1, 7, 12, 13, 15}},                       {"Max", {1, 6, 8, 12, 13}},
+      {"Min", {1, 6, 8, 12, 13}},                        {"Cast", {1, 6, 9, 13, 19, 21, 23, 24, 25}},
+      {"Transpose", {1, 13, 21, 23, 24, 25}},            {"Concat", {1, 4, 11, 13}},
+      {"Slice", {1, 10, 11, 13}},                        {"Gather", {1, 11, 13}},
+      {"Expand", {8, 13}},                               {"ConstantOfShape", {9, 20, 21, 23, 24, 25}},
+  };
+  for (const OpVersions& entry : understood)
+    if (entry.op == op) return {entry};
+  return {};
+}
+
+}  // namespace
+
 bool isConstantFoldableOp(const Node& node) {
   return isStandardDomain(node) && opTable().count(node.opType()) != 0;
 }
@@ -239,7 +264,7 @@ const Tensor* ConstantEvaluator::evaluate(const Value& value, MatchFailure* whyN
   if (graph && graph->parent() && context_.model().irVersion() < 4) {
     // IR version 3 lists every initializer among its graph's inputs, which a subgraph cannot take.
     if (whyNot)
-      *whyNot = {"params-not-constant", "'" + value.name() + "' is computed inside a subgraph of an IR version 3 "
+      *whyNot = {reason::kParamsNotConstant, "'" + value.name() + "' is computed inside a subgraph of an IR version 3 "
                                         "model, where bnfold does not evaluate constant chains"};
     return nullptr;
   }
@@ -278,8 +303,8 @@ std::vector<EvaluatedConstant> ConstantEvaluator::takePending() {
 }
 
 ResultPtr ConstantEvaluator::evaluateValue(const Value& value, int depth, MatchFailure* whyNot) {
-  auto fail = [&](std::string code, std::string message) -> ResultPtr {
-    MatchFailure failure{std::move(code), std::move(message)};
+  auto fail = [&](ReasonCode code, std::string message) -> ResultPtr {
+    MatchFailure failure{code, std::move(message)};
     failures_[&value] = failure;
     if (whyNot) *whyNot = std::move(failure);
     return nullptr;
@@ -296,17 +321,17 @@ ResultPtr ConstantEvaluator::evaluateValue(const Value& value, int depth, MatchF
     MatchFailure why;
     const Tensor* tensor = nullptr;
     if (producer && context_.isKept(*producer))
-      return fail("param-kept-by-user", "'" + value.name() + "' comes from Constant '" + producer->name() +
+      return fail(reason::kParamKeptByUser, "'" + value.name() + "' comes from Constant '" + producer->name() +
                                             "', which is kept by --keep/--keep-op");
     if (value.initializer() || !producer) {
       tensor = context_.constantOf(&value, &why);
     } else {
       tensor = value.constantTensor();
-      if (!tensor) why = {"params-not-constant", "Constant '" + producer->name() + "' holds no tensor bnfold reads"};
+      if (!tensor) why = {reason::kParamsNotConstant, "Constant '" + producer->name() + "' holds no tensor bnfold reads"};
     }
     if (!tensor) return fail(why.code, why.message);
     if (!isSupportedType(tensor->dataType()))
-      return fail("params-not-constant", "'" + value.name() + "' has type " + dataTypeName(tensor->dataType()) +
+      return fail(reason::kParamsNotConstant, "'" + value.name() + "' has type " + dataTypeName(tensor->dataType()) +
                                              ", which bnfold does not evaluate");
     auto leaf = std::make_shared<Result>();
     leaf->type = tensor->dataType();
@@ -316,16 +341,19 @@ ResultPtr ConstantEvaluator::evaluateValue(const Value& value, int depth, MatchF
     return leaf;
   }
   if (depth >= kMaxDepth)
-    return fail("params-not-constant", "'" + value.name() + "' is computed by a chain of more than " +
+    return fail(reason::kParamsNotConstant, "'" + value.name() + "' is computed by a chain of more than " +
                                            std::to_string(kMaxDepth) + " ops, which bnfold does not follow");
   if (isStandardDomain(*producer) && isQuantizationOp(producer->opType()))
-    return fail("quantized-weights", "'" + value.name() + "' is computed by " + describe(*producer) +
+    return fail(reason::kQuantizedWeights, "'" + value.name() + "' is computed by " + describe(*producer) +
                                          ": quantized weights are not folded into");
   if (!isConstantFoldableOp(*producer))
-    return fail("params-not-constant", "'" + value.name() + "' is computed at run time by node '" +
+    return fail(reason::kParamsNotConstant, "'" + value.name() + "' is computed at run time by node '" +
                                            producer->name() + "' (" + producer->opType() + ")");
+  if (auto problem = opsetProblem(understoodVersions(producer->opType()), context_.opset(), "constant evaluation"))
+    return fail(reason::kParamsNotConstant, "'" + value.name() + "' is computed by " + describe(*producer) + ", but " +
+                                               *problem);
   if (context_.isKept(*producer))
-    return fail("param-kept-by-user", "'" + value.name() + "' is computed by " + describe(*producer) +
+    return fail(reason::kParamKeptByUser, "'" + value.name() + "' is computed by " + describe(*producer) +
                                           ", which is kept by --keep/--keep-op");
   MatchFailure why;
   ResultPtr result = evaluateNode(*producer, depth, &why);
@@ -336,11 +364,11 @@ ResultPtr ConstantEvaluator::evaluateValue(const Value& value, int depth, MatchF
 
 ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFailure* whyNot) {
   const std::string& op = node.opType();
-  auto fail = [&](std::string code, const std::string& problem) -> ResultPtr {
-    if (whyNot) *whyNot = {std::move(code), describe(node) + " " + problem};
+  auto fail = [&](ReasonCode code, const std::string& problem) -> ResultPtr {
+    if (whyNot) *whyNot = {code, describe(node) + " " + problem};
     return nullptr;
   };
-  auto unsupported = [&](const std::string& problem) { return fail("params-not-constant", problem); };
+  auto unsupported = [&](const std::string& problem) { return fail(reason::kParamsNotConstant, problem); };
 
   // Inputs first (an omitted optional input stays null).
   std::vector<ResultPtr> inputs;
@@ -376,7 +404,7 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
   auto tooLarge = [&](DataType type, const Dims& dims) -> std::optional<ResultPtr> {
     std::string problem;
     if (sizeOk(type, dims, &problem)) return std::nullopt;
-    return fail("constant-too-large", problem);
+    return fail(reason::kConstantTooLarge, problem);
   };
   auto finish = [&](std::shared_ptr<Result> out) -> ResultPtr {
     out->nodes = nodes;
@@ -495,7 +523,7 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
         if (!b) return unsupported("has an omitted input");
         if (op != "Pow" && b->type != a.type) return unsupported("mixes element types");
         Dims bDims = b->dims;
-        if (context_.opset() < 7 && node.attributeInt("broadcast", 0) != 0) {
+        if (context_.opset() < kNumpyBroadcastOpset && node.attributeInt("broadcast", 0) != 0) {
           // Legacy broadcasting: B's dims stand at `axis` of A's (suffix-aligned without it).
           const auto rank = static_cast<int64_t>(a.dims.size());
           const int64_t axis = node.hasAttribute("axis") ? normalizedAxis(node.attributeInt("axis", 0), rank)
@@ -504,7 +532,7 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
           Dims aligned(static_cast<std::size_t>(rank), 1);
           std::copy(bDims.begin(), bDims.end(), aligned.begin() + axis);
           bDims = aligned;
-        } else if (context_.opset() < 7 && bDims != a.dims) {
+        } else if (context_.opset() < kNumpyBroadcastOpset && bDims != a.dims) {
           return unsupported("combines different shapes without broadcast=1 at opset " +
                              std::to_string(context_.opset()));
         }

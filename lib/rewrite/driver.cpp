@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -9,6 +10,7 @@
 
 #include "bnfold/rewrite/rewriter.h"
 #include "constant_eval.h"
+#include "op_versions.h"
 
 namespace bnfold {
 
@@ -72,7 +74,7 @@ struct Failure {
 // (params-overridable) would rewrite it if such defaults were constants. Matching changes nothing.
 bool wouldRewriteWithInputDefaults(const Node& node, const std::vector<Failure>& failures, const RuleContext& relaxed) {
   for (const Failure& f : failures) {
-    if (f.failure.code != "params-overridable") continue;
+    if (f.failure.code != reason::kParamsOverridable) continue;
     const bool matched = f.rule->match(node, relaxed).matched();
     relaxed.constantEvaluator().discardPending();
     if (matched) return true;
@@ -92,17 +94,17 @@ void recordSkippedBatchNorms(Model& model, const RuleContext& context,
       nlohmann::json entry = {{"node", node.name()}, {"op", node.opType()}, {"graph", graph->name()}};
       auto it = failures.find(&node);
       if (context.isKept(node)) {
-        entry["reason"] = "kept-by-user";
+        entry["reason"] = reason::kKeptByUser.str();
         entry["message"] = "kept by --keep or --keep-op";
       } else if (it == failures.end() || it->second.empty()) {
-        entry["reason"] = "no-rule-enabled";
+        entry["reason"] = reason::kNoRuleEnabled.str();
         entry["message"] = "no enabled rule applies to BatchNormalization";
       } else {
-        entry["reason"] = it->second.front().failure.code;
+        entry["reason"] = it->second.front().failure.code.str();
         entry["message"] = it->second.front().failure.message;
         nlohmann::json details = nlohmann::json::array();
         for (const Failure& f : it->second)
-          details.push_back({{"rule", f.rule->name()}, {"reason", f.failure.code}, {"message", f.failure.message}});
+          details.push_back({{"rule", f.rule->name()}, {"reason", f.failure.code.str()}, {"message", f.failure.message}});
         entry["details"] = std::move(details);
         if (!context.options().inputDefaultsAreConstant && wouldRewriteWithInputDefaults(node, it->second, relaxed))
           entry["would_fold_with"] = "--input-defaults-are-constant";
@@ -149,6 +151,12 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
 
   const RuleContext context(model, options.ruleOptions);
   const int64_t opset = model.opsetVersion("");
+  // Whether each rule knows the versions of the ops it reads and writes at this opset: once per run.
+  std::unordered_map<const Rule*, std::optional<std::string>> opsetProblems;
+  for (const auto& [op, rules] : rulesByOp)
+    for (const Rule* rule : rules)
+      if (!opsetProblems.count(rule))
+        opsetProblems[rule] = opsetProblem(rule->opVersions(), opset, "rule " + std::string(rule->name()));
   std::unordered_map<const Node*, std::vector<Failure>> failures;
   {
     Rewriter rewriter(model, report);
@@ -176,13 +184,12 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
       const bool resultOmitted = node->outputs().empty() || !node->output(0);
       for (const Rule* rule : bucket->second) {
         if (operandOmitted || resultOmitted) {
-          nodeFailures.push_back({rule, operandOmitted ? MatchFailure{"missing-input", "input 0 is omitted"}
-                                                       : MatchFailure{"missing-output", "output 0 is omitted"}});
+          nodeFailures.push_back({rule, operandOmitted ? MatchFailure{reason::kMissingInput, "input 0 is omitted"}
+                                                       : MatchFailure{reason::kMissingOutput, "output 0 is omitted"}});
           continue;
         }
-        if (opset < rule->minOpset() || opset > rule->maxOpset()) {
-          nodeFailures.push_back({rule, {"unsupported-opset", "rule " + std::string(rule->name()) +
-                                                                  " does not handle opset " + std::to_string(opset)}});
+        if (const auto& problem = opsetProblems.at(rule)) {
+          nodeFailures.push_back({rule, {reason::kUnsupportedOpset, *problem}});
           continue;
         }
         MatchResult result = rule->match(*node, context);

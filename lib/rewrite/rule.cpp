@@ -25,28 +25,28 @@ bool RuleContext::isKept(const Node& node) const {
 }
 
 const Tensor* RuleContext::constantOf(const Value* value, MatchFailure* whyNot) const {
-  auto fail = [&](std::string code, std::string message) -> const Tensor* {
-    if (whyNot) *whyNot = {std::move(code), std::move(message)};
+  auto fail = [&](ReasonCode code, std::string message) -> const Tensor* {
+    if (whyNot) *whyNot = {code, std::move(message)};
     return nullptr;
   };
-  if (!value) return fail("params-not-constant", "an input is omitted");
+  if (!value) return fail(reason::kParamsNotConstant, "an input is omitted");
   if (value->isSparseInitializer())
-    return fail("params-not-constant", "'" + value->name() + "' is a sparse initializer");
+    return fail(reason::kParamsNotConstant, "'" + value->name() + "' is a sparse initializer");
   if (const Tensor* tensor = value->initializer()) {
     // From IR version 4 on, an initializer that is also a graph input is only a default a caller may
     // override at run time; in IR version 3 every initializer had to be listed as an input.
     if (value->isGraphInput() && model_.irVersion() >= 4 && !options_.inputDefaultsAreConstant)
-      return fail("params-overridable",
+      return fail(reason::kParamsOverridable,
                   "'" + value->name() + "' is an initializer that is also a graph input, so a caller may override "
                   "it at run time (IR version " + std::to_string(model_.irVersion()) +
                       "); pass --input-defaults-are-constant to fold it anyway");
     return tensor;
   }
   if (value->isGraphInput())
-    return fail("params-not-constant", "'" + value->name() + "' is a graph input fed at run time");
+    return fail(reason::kParamsNotConstant, "'" + value->name() + "' is a graph input fed at run time");
   if (const Tensor* tensor = value->constantTensor()) return tensor;
   if (value->producer()) return evaluator_->evaluate(*value, whyNot);
-  return fail("params-not-constant", "'" + value->name() + "' is not a constant");
+  return fail(reason::kParamsNotConstant, "'" + value->name() + "' is not a constant");
 }
 
 }  // namespace bnfold

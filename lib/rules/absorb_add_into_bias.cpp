@@ -13,6 +13,7 @@
 #include "affine_layer.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "rules.h"
+#include "understood_ops.h"
 
 namespace bnfold::rules {
 namespace {
@@ -32,23 +33,22 @@ class AbsorbAddIntoBias final : public Rule {
     return "Add of a per-channel constant after Conv/ConvTranspose/Gemm/MatMul becomes the layer's bias";
   }
   std::vector<std::string> rootOps() const override { return {"Add"}; }
-  // Before opset 7 Add broadcasts with `broadcast`/`axis` attributes instead of numpy rules.
-  int64_t minOpset() const override { return 7; }
+  std::vector<OpVersions> opVersions() const override { return joinOps({kAddNumpyBroadcast}, joinOps(layerOps(), layoutOps())); }
 
   MatchResult match(const Node& add, const RuleContext& context) const override {
     const int layerSlot = layerOperandSlot(add, context);
     if (layerSlot < 0)
-      return MatchResult::failure("no-foldable-layer", "'" + add.name() + "' does not add a constant to the output "
+      return MatchResult::failure(reason::kNoFoldableLayer, "'" + add.name() + "' does not add a constant to the output "
                                                        "of a Conv, ConvTranspose, Gemm or MatMul");
     const Value* layerOutput = add.input(static_cast<std::size_t>(layerSlot));
     const Value* constant = add.input(static_cast<std::size_t>(1 - layerSlot));
     const Node& layerNode = *layerOutput->producer();
     if (soleConsumer(*layerOutput) != &add || layerOutput->producerOutputIndex() != 0)
-      return MatchResult::failure("layer-has-other-consumers",
+      return MatchResult::failure(reason::kLayerHasOtherConsumers,
                                   "the output '" + layerOutput->name() + "' of '" + layerNode.name() +
                                       "' is read by other nodes too or is a graph output");
     if (layerNode.graph() != add.graph())
-      return MatchResult::failure("layer-in-other-graph", "'" + add.name() + "' is in a subgraph and reads '" +
+      return MatchResult::failure(reason::kLayerInOtherGraph, "'" + add.name() + "' is in a subgraph and reads '" +
                                                               layerNode.name() + "' from an enclosing graph");
     MatchFailure why;
     auto layer = readAffineLayer(layerNode, context, &why);
@@ -61,7 +61,7 @@ class AbsorbAddIntoBias final : public Rule {
       // MatMul has no bias input; with a 2-D input it can become a Gemm, which has one.
       if (layer->outputRank != 2)
         return MatchResult::failure(
-            "layer-has-no-bias", "MatMul '" + layerNode.name() + "' has no bias input and its input is " +
+            reason::kLayerHasNoBias, "MatMul '" + layerNode.name() + "' has no bias input and its input is " +
                                      (layer->outputRank < 0 ? std::string("of unknown rank")
                                                             : "rank " + std::to_string(layer->outputRank)) +
                                      ", so it cannot become a Gemm");
@@ -72,11 +72,11 @@ class AbsorbAddIntoBias final : public Rule {
                                      layer->outputChannels, &why);
     if (!addend) return MatchResult::failure(why.code, why.message);
     if (tensor->dataType() != layer->type())
-      return MatchResult::failure("unsupported-type", "constant '" + constant->name() + "' has type " +
+      return MatchResult::failure(reason::kUnsupportedType, "constant '" + constant->name() + "' has type " +
                                                           dataTypeName(tensor->dataType()) + ", the layer " +
                                                           dataTypeName(layer->type()));
     if (const Node* kept = keptConstantProducer(context, {constant, layer->biasValue}))
-      return MatchResult::failure("kept-by-user", "Constant node '" + kept->name() + "' is kept by --keep or "
+      return MatchResult::failure(reason::kKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or "
                                                   "--keep-op and would be removed");
     match->addend = std::move(*addend);
     match->layer = *layer;

@@ -10,8 +10,8 @@ namespace bnfold::rules {
 
 namespace {
 
-std::optional<AffineLayer> fail(MatchFailure* whyNot, std::string code, std::string message) {
-  if (whyNot) *whyNot = {std::move(code), std::move(message)};
+std::optional<AffineLayer> fail(MatchFailure* whyNot, ReasonCode code, std::string message) {
+  if (whyNot) *whyNot = {code, std::move(message)};
   return std::nullopt;
 }
 
@@ -35,10 +35,10 @@ bool isAffineLayerOp(const Node& node) {
 
 std::optional<AffineLayer> readAffineLayer(const Node& node, const RuleContext& context, MatchFailure* whyNot) {
   if (!isAffineLayerOp(node))
-    return fail(whyNot, "no-foldable-layer", "'" + node.name() + "' (" + node.opType() + ") is not a Conv, "
+    return fail(whyNot, reason::kNoFoldableLayer, "'" + node.name() + "' (" + node.opType() + ") is not a Conv, "
                                              "ConvTranspose, Gemm or MatMul");
   if (context.isKept(node))
-    return fail(whyNot, "kept-by-user", "layer '" + node.name() + "' is kept by --keep or --keep-op");
+    return fail(whyNot, reason::kKeptByUser, "layer '" + node.name() + "' is kept by --keep or --keep-op");
 
   AffineLayer layer;
   layer.node = &node;
@@ -66,14 +66,14 @@ std::optional<AffineLayer> readAffineLayer(const Node& node, const RuleContext& 
   if (!layer.weight)
     return fail(whyNot, why.code, "the weight of '" + node.name() + "' is not usable: " + why.message);
   if (!isFloatingPoint(layer.weight->dataType()))
-    return fail(whyNot, "unsupported-type", "the weight of '" + node.name() + "' has type " +
+    return fail(whyNot, reason::kUnsupportedType, "the weight of '" + node.name() + "' has type " +
                                                 dataTypeName(layer.weight->dataType()) +
                                                 "; only float, double, float16 and bfloat16 are rewritten");
   const auto dims = layer.weight->dims();
   const auto outputs = kernels::outputChannelCount(layer.layout, dims);
   const auto inputs = kernels::inputChannelCount(layer.layout, dims);
   if (!outputs || !inputs)
-    return fail(whyNot, "unsupported-weight-shape", "the weight of '" + node.name() + "' has dims " +
+    return fail(whyNot, reason::kUnsupportedWeightShape, "the weight of '" + node.name() + "' has dims " +
                                                         formatDims(dims) + ", which do not fit " + op +
                                                         " (group " + std::to_string(layer.layout.group) + ")");
   layer.outputChannels = *outputs;
@@ -96,11 +96,11 @@ std::optional<AffineLayer> readAffineLayer(const Node& node, const RuleContext& 
     const bool fits = layer.isGemm() ? kernels::isGemmBiasShape(biasDims, layer.outputChannels)
                                      : biasDims.size() == 1 && biasDims[0] == layer.outputChannels;
     if (!fits)
-      return fail(whyNot, "unsupported-bias-shape", "the bias of '" + node.name() + "' has dims " +
+      return fail(whyNot, reason::kUnsupportedBiasShape, "the bias of '" + node.name() + "' has dims " +
                                                         formatDims(biasDims) + ", which do not fit " +
                                                         std::to_string(layer.outputChannels) + " output channels");
     if (layer.bias->dataType() != layer.weight->dataType())
-      return fail(whyNot, "unsupported-type", "the bias of '" + node.name() + "' has type " +
+      return fail(whyNot, reason::kUnsupportedType, "the bias of '" + node.name() + "' has type " +
                                                   dataTypeName(layer.bias->dataType()) + ", the weight " +
                                                   dataTypeName(layer.weight->dataType()));
   }
@@ -111,7 +111,7 @@ std::optional<std::vector<double>> perChannelConstant(const Value& constantValue
                                                       int64_t rank, int64_t channelAxis, int64_t channels,
                                                       MatchFailure* whyNot) {
   auto failWith = [&](const std::string& problem) -> std::optional<std::vector<double>> {
-    if (whyNot) *whyNot = {"not-per-channel", "constant '" + constantValue.name() + "' " + problem};
+    if (whyNot) *whyNot = {reason::kNotPerChannel, "constant '" + constantValue.name() + "' " + problem};
     return std::nullopt;
   };
   const auto dims = constant.dims();
@@ -213,6 +213,12 @@ int layerOperandSlot(const Node& binary, const RuleContext& context) {
     if (context.constantOf(other)) return slot;
   }
   return -1;
+}
+
+MatchFailure asLayerFailure(MatchFailure why) {
+  if (why.code == reason::kKeptByUser) why.code = reason::kLayerKeptByUser;
+  if (why.code == reason::kParamsNotConstant) why.code = reason::kWeightsNotConstant;
+  return why;
 }
 
 }  // namespace bnfold::rules

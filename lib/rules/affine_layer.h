@@ -52,6 +52,10 @@ bool isAffineLayerOp(const Node& node);
 /// bias not constant, non-floating type, dims that do not fit the op).
 std::optional<AffineLayer> readAffineLayer(const Node& node, const RuleContext& context, MatchFailure* whyNot);
 
+/// readAffineLayer's reasons as a rule rooted at a BatchNormalization says them: the driver reports the BN as
+/// kept-by-user, so a kept layer gets its own code, and a weight computed at run time is not a BN parameter.
+MatchFailure asLayerFailure(MatchFailure why);
+
 /// The constant operand's values, one per channel, when combining it element-wise (numpy broadcasting, shapes
 /// aligned from the last axis) with a tensor of rank `rank` whose `channels` channels are on `channelAxis`
 /// acts per channel and leaves that tensor's shape unchanged. Otherwise nullopt with `whyNot` saying which axis

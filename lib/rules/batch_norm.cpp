@@ -1,4 +1,5 @@
 #include "batch_norm.h"
+#include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
 
@@ -23,7 +24,7 @@ BatchNormForm readBatchNormForm(const Node& node, int64_t opset) {
   form.opset = opset;
   form.epsilon = node.attributeFloat("epsilon", 1e-5f);
   form.momentum = node.attributeFloat("momentum", 0.9f);
-  if (opset < 7) {
+  if (opset < kBatchNormIsTestRemovedOpset) {
     form.formName = "opset-" + std::to_string(opset < 6 ? 1 : 6) + " (is_test)";
     // is_test defaults to 0: without it the node normalizes with batch statistics.
     if (node.attributeInt("is_test", 0) == 0) {
@@ -31,8 +32,8 @@ BatchNormForm readBatchNormForm(const Node& node, int64_t opset) {
       form.trainingCause = "is_test=0";
     }
     form.spatial = node.attributeInt("spatial", 1) != 0;
-  } else if (opset < 14) {
-    form.formName = opset < 9 ? "opset-7" : "opset-9";
+  } else if (opset < kBatchNormTrainingModeOpset) {
+    form.formName = opset < kBatchNormSpatialRemovedOpset ? "opset-7" : "opset-9";
     // Opsets 7-13 have no attribute for it: training mode is signalled by the optional outputs.
     std::size_t declared = 0;
     for (std::size_t i = 1; i < node.outputs().size(); ++i) declared += node.output(i) != nullptr;
@@ -40,9 +41,9 @@ BatchNormForm readBatchNormForm(const Node& node, int64_t opset) {
       form.training = true;
       form.trainingCause = "optional outputs present";
     }
-    if (opset < 9) form.spatial = node.attributeInt("spatial", 1) != 0;
+    if (opset < kBatchNormSpatialRemovedOpset) form.spatial = node.attributeInt("spatial", 1) != 0;
   } else {
-    form.formName = "opset-" + std::to_string(opset < 15 ? 14 : 15) + " (training_mode)";
+    form.formName = "opset-" + std::to_string(opset < kBatchNormMixedTypesOpset ? 14 : 15) + " (training_mode)";
     if (node.attributeInt("training_mode", 0) != 0) {
       form.training = true;
       form.trainingCause = "training_mode=1";

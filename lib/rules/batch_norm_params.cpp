@@ -18,8 +18,8 @@ std::string formatNumber(double value) {
   return out.str();
 }
 
-std::optional<InferenceBatchNorm> fail(MatchFailure* whyNot, std::string code, std::string message) {
-  if (whyNot) *whyNot = {std::move(code), std::move(message)};
+std::optional<InferenceBatchNorm> fail(MatchFailure* whyNot, ReasonCode code, std::string message) {
+  if (whyNot) *whyNot = {code, std::move(message)};
   return std::nullopt;
 }
 
@@ -30,11 +30,11 @@ std::optional<InferenceBatchNorm> readInferenceBatchNorm(const Node& bn, const R
   InferenceBatchNorm result;
   result.form = readBatchNormForm(bn, context.opset());
   if (result.form.training)
-    return fail(whyNot, "training-mode", describe(bn) + " normalizes with batch statistics (" +
+    return fail(whyNot, reason::kTrainingMode, describe(bn) + " normalizes with batch statistics (" +
                                              result.form.trainingCause + ", " + result.form.formName +
                                              "); only inference-mode BatchNormalization is rewritten");
   if (hasUsedOptionalOutputs(bn))
-    return fail(whyNot, "optional-outputs-used",
+    return fail(whyNot, reason::kOptionalOutputsUsed,
                 describe(bn) + " has optional outputs that are read, so it cannot be removed");
 
   const Tensor* params[4] = {};
@@ -46,13 +46,13 @@ std::optional<InferenceBatchNorm> readInferenceBatchNorm(const Node& bn, const R
       return fail(whyNot, why.code, "BatchNormalization " + std::string(kParamNames[i]) + " of " + describe(bn) +
                                         ": " + why.message);
     if (!isFloatingPoint(params[i]->dataType()))
-      return fail(whyNot, "unsupported-type", "BatchNormalization " + std::string(kParamNames[i]) + " '" +
+      return fail(whyNot, reason::kUnsupportedType, "BatchNormalization " + std::string(kParamNames[i]) + " '" +
                                                   param->name() + "' of " + describe(bn) + " is " +
                                                   dataTypeName(params[i]->dataType()));
     result.paramValues.push_back(param);
   }
   if (const Node* kept = keptConstantProducer(context, result.paramValues))
-    return fail(whyNot, "param-kept-by-user", "a BatchNormalization parameter of " + describe(bn) +
+    return fail(whyNot, reason::kParamKeptByUser, "a BatchNormalization parameter of " + describe(bn) +
                                                   " comes from Constant '" + kept->name() +
                                                   "', which is kept by --keep/--keep-op");
 
@@ -62,7 +62,7 @@ std::optional<InferenceBatchNorm> readInferenceBatchNorm(const Node& bn, const R
     const std::vector<int64_t> paramDims = params[i]->dims();
     const bool rankOk = result.form.spatial ? paramDims.size() == 1 : !paramDims.empty();
     if (!rankOk || paramDims != dims)
-      return fail(whyNot, "param-shape-mismatch",
+      return fail(whyNot, reason::kParamShapeMismatch,
                   "BatchNormalization " + std::string(kParamNames[i]) + " '" + result.paramValues[i]->name() +
                       "' of " + describe(bn) + " has dims " + formatDims(paramDims) + ", expected " +
                       (result.form.spatial ? "[C]" : formatDims(dims)) + " like the scale");
@@ -76,7 +76,7 @@ std::optional<InferenceBatchNorm> readInferenceBatchNorm(const Node& bn, const R
     std::vector<double> values = params[i]->toDoubles();
     for (double v : values)
       if (!std::isfinite(v))
-        return fail(whyNot, "non-finite-params", "BatchNormalization " + std::string(kParamNames[i]) + " '" +
+        return fail(whyNot, reason::kNonFiniteParams, "BatchNormalization " + std::string(kParamNames[i]) + " '" +
                                                      result.paramValues[i]->name() + "' of " + describe(bn) +
                                                      " holds " + formatNumber(v));
     if (!keepElements && values.size() != static_cast<std::size_t>(result.channels) && result.channels > 0) {
@@ -87,7 +87,7 @@ std::optional<InferenceBatchNorm> readInferenceBatchNorm(const Node& bn, const R
         reduced[c] = values[c * block];
         for (std::size_t j = 1; j < block; ++j)
           if (values[c * block + j] != reduced[c])
-            return fail(whyNot, "spatial-params-vary",
+            return fail(whyNot, reason::kSpatialParamsVary,
                         "spatial=0 BatchNormalization " + std::string(kParamNames[i]) + " '" +
                             result.paramValues[i]->name() + "' of " + describe(bn) + " varies within channel " +
                             std::to_string(c) + ", so it is not a per-channel scale and shift");
@@ -98,7 +98,7 @@ std::optional<InferenceBatchNorm> readInferenceBatchNorm(const Node& bn, const R
   }
   result.epsilon = static_cast<double>(result.form.epsilon);
   if (auto element = kernels::findNonPositiveVariance(result.var, result.epsilon))
-    return fail(whyNot, "invalid-variance", describe(bn) + ": var + epsilon = " +
+    return fail(whyNot, reason::kInvalidVariance, describe(bn) + ": var + epsilon = " +
                                                 formatNumber(result.var[*element] + result.epsilon) +
                                                 " at element " + std::to_string(*element) + " is not positive");
   result.affine = kernels::batchNormAsAffine(result.gamma, result.beta, result.mean, result.var, result.epsilon);

@@ -22,14 +22,15 @@
 #include "bnfold/rewrite/rewriter.h"
 #include "opset_emit.h"
 #include "rules.h"
+#include "understood_ops.h"
 #include "value_shape.h"
+#include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
 namespace {
 
 // Multidirectional (numpy) broadcasting arrived in opset 7; before it, Mul and Add broadcast only with
 // `broadcast=1`, aligning the right operand's shape with the left one's from `axis`.
-constexpr int64_t kNumpyBroadcastOpset = 7;
 
 struct Decomposition : Match {
   const Node* bn = nullptr;
@@ -59,6 +60,7 @@ class DecomposeBatchNorm final : public Rule {
     return "Replace an inference-mode BatchNormalization left in place by Mul and Add of per-channel constants";
   }
   std::vector<std::string> rootOps() const override { return {"BatchNormalization"}; }
+  std::vector<OpVersions> opVersions() const override { return {kBatchNormalization, kMul, kAdd}; }
   bool enabledByDefault() const override { return false; }
 
   MatchResult match(const Node& bn, const RuleContext& context) const override {
@@ -74,10 +76,10 @@ class DecomposeBatchNorm final : public Rule {
     if (match->legacyBroadcast) {
       // axis=1 aligns the constants with X's axes from the channel axis on, whatever X's rank.
       if (shape && shape->size() < 2)
-        return MatchResult::failure("rank-unknown", "the input of " + describe(bn) + " has rank " +
+        return MatchResult::failure(reason::kRankUnknown, "the input of " + describe(bn) + " has rank " +
                                                         std::to_string(shape->size()) + ", so it has no channel axis");
       if (shape && !legacyBroadcastable(*shape, params->paramDims))
-        return MatchResult::failure("param-shape-mismatch",
+        return MatchResult::failure(reason::kParamShapeMismatch,
                                     "the parameters of " + describe(bn) + " have dims " +
                                         formatDims(params->paramDims) + ", which do not match the dims " +
                                         formatDims(*shape) + " of its input from axis 1 on, as opset-" +
@@ -89,7 +91,7 @@ class DecomposeBatchNorm final : public Rule {
       match->constantDims = params->paramDims;
     } else {
       if (!shape || shape->size() < 2)
-        return MatchResult::failure("rank-unknown", "the rank of the input of " + describe(bn) +
+        return MatchResult::failure(reason::kRankUnknown, "the rank of the input of " + describe(bn) +
                                                         " is not known, so per-channel constants cannot be shaped "
                                                         "to broadcast over its channel axis");
       match->constantDims.assign(shape->size() - 1, 1);
@@ -97,12 +99,12 @@ class DecomposeBatchNorm final : public Rule {
     }
     // Mul and Add need constants of X's type; before opset 15 the params share it.
     std::optional<DataType> type = context.constantOf(params->paramValues[0])->dataType();
-    if (context.opset() >= 15) {
+    if (context.opset() >= kBatchNormMixedTypesOpset) {
       type = knownElementType(*x);
       if (!type) type = knownElementType(*bn.output(0));
     }
     if (!type || !isFloatingPoint(*type))
-      return MatchResult::failure("unknown-type", "the element type of the input of " + describe(bn) +
+      return MatchResult::failure(reason::kTypeUnknown, "the element type of the input of " + describe(bn) +
                                                       " is not known (or not a floating type), and from opset 15 "
                                                       "it may differ from the parameters'");
     match->type = *type;

@@ -21,7 +21,9 @@
 #include "bnfold/rewrite/rewriter.h"
 #include "opset_emit.h"
 #include "rules.h"
+#include "understood_ops.h"
 #include "value_shape.h"
+#include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
 namespace {
@@ -29,11 +31,6 @@ namespace {
 // BatchNormalization output slots.
 enum BatchNormOutput { kY = 0, kRunningMean = 1, kRunningVar = 2, kSavedMean = 3, kSavedVar = 4, kOutputSlots = 5 };
 
-// Multidirectional (numpy) broadcasting arrived in opset 7; before it, binary ops broadcast only with
-// `broadcast=1`, aligning the right operand's shape at `axis`.
-constexpr int64_t kNumpyBroadcastOpset = 7;
-// scale/B (T1) and mean/var (T2) may have another type than X (T) from opset 15.
-constexpr int64_t kMixedTypesOpset = 15;
 
 DataType elementTypeOf(const Value* value) {
   return value ? knownElementType(*value).value_or(DataType::Undefined) : DataType::Undefined;
@@ -44,7 +41,7 @@ DataType elementTypeOf(const Value* value) {
 DataType inputElementType(const Node& bn, int64_t opset) {
   for (const Value* value : {bn.input(0), bn.output(kY)})
     if (const DataType type = elementTypeOf(value); type != DataType::Undefined) return type;
-  if (opset < kMixedTypesOpset) {
+  if (opset < kBatchNormMixedTypesOpset) {
     for (std::size_t slot = 1; slot <= 4; ++slot)
       if (const DataType type = elementTypeOf(bn.input(slot)); type != DataType::Undefined) return type;
   }
@@ -91,6 +88,7 @@ class ExpandTrainingBatchNorm : public Rule {
     return "Expand training-mode BatchNormalization into ReduceMean/Sub/Mul/Sqrt/Div/Add (batch statistics)";
   }
   std::vector<std::string> rootOps() const override { return {"BatchNormalization"}; }
+  std::vector<OpVersions> opVersions() const override { return {kBatchNormalization, kReduceMean, kSub, kMul, kAdd, kDiv, kSqrt, kReciprocal, kCast, kIdentity, kSqueeze, kUnsqueeze, kReshape}; }
 
   MatchResult match(const Node& bn, const RuleContext& context) const override {
     auto found = std::make_unique<TrainingBatchNormMatch>();
@@ -99,60 +97,60 @@ class ExpandTrainingBatchNorm : public Rule {
     const int64_t opset = context.opset();
     m.form = readBatchNormForm(bn, opset);
     if (!m.form.training)
-      return MatchResult::failure("not-training-mode", "inference-mode BatchNormalization: nothing to expand");
+      return MatchResult::failure(reason::kNotTrainingMode, "inference-mode BatchNormalization: nothing to expand");
     if (!m.form.spatial)
-      return MatchResult::failure("non-spatial-training",
+      return MatchResult::failure(reason::kNonSpatialTraining,
                                   "spatial=0 in training mode (statistics per element, not per channel) is not "
                                   "supported");
     for (std::size_t slot = 0; slot < 3; ++slot)
       if (!bn.input(slot))
-        return MatchResult::failure("missing-input", "input " + std::to_string(slot) + " is omitted");
-    const std::size_t outputSlots = opset < 14 ? kOutputSlots : 3;
+        return MatchResult::failure(reason::kMissingInput, "input " + std::to_string(slot) + " is omitted");
+    const std::size_t outputSlots = opset < kBatchNormTrainingModeOpset ? kOutputSlots : 3;
     for (std::size_t slot = 0; slot < kOutputSlots; ++slot) {
       if (!isRead(bn.output(slot))) continue;
       if (slot >= outputSlots)
-        return MatchResult::failure("unexpected-output", "output " + std::to_string(slot) +
+        return MatchResult::failure(reason::kUnexpectedOutput, "output " + std::to_string(slot) +
                                                              " does not exist at opset " + std::to_string(opset));
       m.read[slot] = true;
     }
     const bool runningRead = m.read[kRunningMean] || m.read[kRunningVar];
     if (runningRead && (!bn.input(3) || !bn.input(4)))
-      return MatchResult::failure("missing-input", "running statistics are read but mean or var is omitted");
+      return MatchResult::failure(reason::kMissingInput, "running statistics are read but mean or var is omitted");
     if (runningRead && m.form.emptyStatistics)
-      return MatchResult::failure("running-stats-undefined",
+      return MatchResult::failure(reason::kRunningStatsUndefined,
                                   "mean/var are empty, so the running statistics it outputs are undefined, yet they "
                                   "are read");
 
     const std::optional<int64_t> rank = inputRank(bn);
     if (!rank)
-      return MatchResult::failure("unknown-rank", "the rank of input '" + bn.input(0)->name() +
+      return MatchResult::failure(reason::kRankUnknown, "the rank of input '" + bn.input(0)->name() +
                                                       "' is not known (not declared, and no Conv/Gemm computing it "
                                                       "implies it), so the reduction axes are unknown");
     if (*rank < 2)
-      return MatchResult::failure("bad-rank", "input '" + bn.input(0)->name() + "' has rank " + std::to_string(*rank) +
+      return MatchResult::failure(reason::kRankTooLow, "input '" + bn.input(0)->name() + "' has rank " + std::to_string(*rank) +
                                                   "; BatchNormalization needs [N, C, ...]");
     m.rank = *rank;
 
     m.dataType = inputElementType(bn, opset);
     if (m.dataType == DataType::Undefined)
-      return MatchResult::failure("unknown-type",
+      return MatchResult::failure(reason::kTypeUnknown,
                                   "the element type of input '" + bn.input(0)->name() + "' is not known");
     // scale/B are read only for Y, mean/var only for the running statistics.
     m.paramType = m.dataType;
-    if (opset >= kMixedTypesOpset && m.read[kY]) {
+    if (opset >= kBatchNormMixedTypesOpset && m.read[kY]) {
       m.paramType = sharedElementType(bn, 1, 2);
       if (m.paramType == DataType::Undefined)
-        return MatchResult::failure("unknown-type", "the element type of scale and B is not known (or differs)");
+        return MatchResult::failure(reason::kTypeUnknown, "the element type of scale and B is not known (or differs)");
     }
     m.statisticsType = m.dataType;
-    if (opset >= kMixedTypesOpset && runningRead) {
+    if (opset >= kBatchNormMixedTypesOpset && runningRead) {
       m.statisticsType = sharedElementType(bn, 3, 4);
       if (m.statisticsType == DataType::Undefined)
-        return MatchResult::failure("unknown-type", "the element type of mean and var is not known (or differs)");
+        return MatchResult::failure(reason::kTypeUnknown, "the element type of mean and var is not known (or differs)");
     }
     for (DataType type : {m.dataType, m.paramType, m.statisticsType})
       if (!isExpandableType(type))
-        return MatchResult::failure("unsupported-type", dataTypeName(type) +
+        return MatchResult::failure(reason::kUnsupportedType, dataTypeName(type) +
                                                             " BatchNormalization is not expanded (float, double and "
                                                             "float16 are)");
 
@@ -161,10 +159,10 @@ class ExpandTrainingBatchNorm : public Rule {
     m.constantBias = context.constantOf(bn.input(2));
     for (const Tensor* param : {m.constantScale, m.constantBias})
       if (param && param->rank() != 1)
-        return MatchResult::failure("bad-param-shape", "constant '" + param->name() + "' has rank " +
+        return MatchResult::failure(reason::kParamShapeMismatch, "constant '" + param->name() + "' has rank " +
                                                            std::to_string(param->rank()) + "; scale and B are [C]");
     if (m.constantScale && m.constantBias && m.constantScale->elementCount() != m.constantBias->elementCount())
-      return MatchResult::failure("bad-param-shape", "scale and B have different lengths");
+      return MatchResult::failure(reason::kParamShapeMismatch, "scale and B have different lengths");
     return MatchResult::success(std::move(found));
   }
 

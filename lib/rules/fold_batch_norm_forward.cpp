@@ -24,7 +24,9 @@
 #include "kernels/forward_fold_math.h"
 #include "opset_emit.h"
 #include "rules.h"
+#include "understood_ops.h"
 #include "value_shape.h"
+#include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
 namespace {
@@ -71,13 +73,14 @@ class FoldBatchNormForward final : public Rule {
     return "Fold inference-mode BatchNormalization into the Conv or Gemm that follows it (exact cases only)";
   }
   std::vector<std::string> rootOps() const override { return {"BatchNormalization"}; }
+  std::vector<OpVersions> opVersions() const override { return joinOps({kBatchNormalization}, joinOps(layerOps(), layoutOps())); }
 
   MatchResult match(const Node& bn, const RuleContext& context) const override {
     const Value* y = bn.output(0);
     int slot = -1;
     const Node* consumer = y ? soleConsumer(*y, &slot) : nullptr;
     if (!consumer)
-      return MatchResult::failure("bn-has-other-consumers",
+      return MatchResult::failure(reason::kBnHasOtherConsumers,
                                   "the output of " + describe(bn) + " is read by several nodes or is a graph output, "
                                   "so it cannot be folded into one following layer");
     auto match = std::make_unique<ForwardFold>();
@@ -87,11 +90,11 @@ class FoldBatchNormForward final : public Rule {
       const Value* flat = flatten->output(0);
       consumer = flat ? soleConsumer(*flat, &slot) : nullptr;
       if (!consumer)
-        return MatchResult::failure("no-foldable-consumer", "the output of " + describe(*flatten) + " after " +
+        return MatchResult::failure(reason::kNoFoldableConsumer, "the output of " + describe(*flatten) + " after " +
                                                                 describe(bn) + " is read by several nodes or is a "
                                                                 "graph output");
       if (!(consumer->isOnnxOp("Gemm") || consumer->isOnnxOp("MatMul")) || slot != 0)
-        return MatchResult::failure("no-foldable-consumer", "the output of " + describe(bn) + " goes through " +
+        return MatchResult::failure(reason::kNoFoldableConsumer, "the output of " + describe(bn) + " goes through " +
                                                                 describe(*flatten) + " to " + describe(*consumer) +
                                                                 ", not to the data input of a Gemm or MatMul");
       MatchFailure why;
@@ -103,30 +106,30 @@ class FoldBatchNormForward final : public Rule {
     const bool layerOp = consumer->isOnnxOp("Conv") || consumer->isOnnxOp("Gemm") ||
                          (match->flatten && consumer->isOnnxOp("MatMul"));
     if (!layerOp || slot != 0)
-      return MatchResult::failure("no-foldable-consumer", "the output of " + describe(bn) + " is read by " +
+      return MatchResult::failure(reason::kNoFoldableConsumer, "the output of " + describe(bn) + " is read by " +
                                                               describe(*consumer) +
                                                               ", not as the data input of a Conv or Gemm");
     if (consumer->graph() != bn.graph())
-      return MatchResult::failure("layer-in-other-graph", describe(*consumer) + " reads " + describe(bn) +
+      return MatchResult::failure(reason::kLayerInOtherGraph, describe(*consumer) + " reads " + describe(bn) +
                                                               " from another graph");
     MatchFailure why;
     auto params = readInferenceBatchNorm(bn, context, PerElementParams::ReducePerChannel, &why);
     if (!params) return MatchResult::failure(why.code, why.message);
     auto layer = readAffineLayer(*consumer, context, &why);
     if (!layer) {
-      if (why.code == "kept-by-user") why.code = "layer-kept-by-user";  // the BN itself is not the kept node
+      why = asLayerFailure(why);
       return MatchResult::failure(why.code, why.message);
     }
     if (const Node* kept = keptConstantProducer(context, {layer->weightValue, layer->biasValue}))
-      return MatchResult::failure("layer-kept-by-user", "a weight of " + describe(*consumer) +
+      return MatchResult::failure(reason::kLayerKeptByUser, "a weight of " + describe(*consumer) +
                                                             " comes from Constant '" + kept->name() +
                                                             "', which is kept by --keep/--keep-op");
     if (layer->isGemm() && layer->transA)
-      return MatchResult::failure("channel-axis-mismatch",
+      return MatchResult::failure(reason::kChannelAxisMismatch,
                                   describe(*consumer) + " transposes its input (transA=1), so the BN's channels "
                                   "become its output rows, not its input channels");
     if (checkedProduct(params->channels, match->featuresPerChannel) != layer->inputChannels)
-      return MatchResult::failure("param-shape-mismatch",
+      return MatchResult::failure(reason::kParamShapeMismatch,
                                   describe(bn) + " has " + std::to_string(params->channels) + " channels" +
                                       (match->flatten ? " of " + std::to_string(match->featuresPerChannel) +
                                                             " features each"
@@ -136,7 +139,7 @@ class FoldBatchNormForward final : public Rule {
     if (hasShift && layer->node->isOnnxOp("Conv")) {
       const std::string padding = zeroPadding(*layer->node);
       if (!padding.empty())
-        return MatchResult::failure("layer-pads-input",
+        return MatchResult::failure(reason::kLayerPadsInput,
                                     describe(*consumer) + " pads its input with zeros (" + padding + "): after "
                                     "folding, the border would see the BN's shift instead of 0, so " +
                                         describe(bn) + " cannot be folded into it exactly");
@@ -179,7 +182,7 @@ class FoldBatchNormForward final : public Rule {
         entry["bias_after"] = writeBias(rewriter, layer, *bias);
         entry["bias_created"] = layer.biasValue == nullptr;
         // Before opset 7 Gemm broadcasts C only when told to.
-        if (layer.isGemm() && modelOpset(rewriter) < 7) rewriter.setAttribute(layer.node, intAttribute("broadcast", 1));
+        if (layer.isGemm() && modelOpset(rewriter) < kNumpyBroadcastOpset) rewriter.setAttribute(layer.node, intAttribute("broadcast", 1));
       }
     }
     entry["weight_after"] = writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded");
@@ -202,7 +205,7 @@ class FoldBatchNormForward final : public Rule {
     entry["weight_after"] = writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded");
     Value* bias = addTensor(rewriter, *matMul, layer.type(), {layer.outputChannels}, response, matMul->name() + "_bias");
     std::vector<onnx::AttributeProto> attributes;
-    if (modelOpset(rewriter) < 7) attributes.push_back(intAttribute("broadcast", 1));  // C broadcasts only if told
+    if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));  // C broadcasts only if told
     const Node* gemm = rewriter.createNode(matMul, "Gemm", {matMul->input(0), matMul->input(1), bias},
                                            {matMul->output(0)->name()}, matMul->name() + "_gemm", std::move(attributes));
     entry["replaced_node"] = matMul->name();
@@ -224,7 +227,7 @@ class FoldBatchNormForward final : public Rule {
     if (!shape) shape = knownShape(*bn.output(0));
     if (!shape || shape->size() < 2 ||
         std::any_of(shape->begin() + 2, shape->end(), [](int64_t d) { return d == kUnknownDim; })) {
-      *whyNot = {"rank-unknown", "the dims after the channel axis of the input of " + describe(bn) +
+      *whyNot = {reason::kRankUnknown, "the dims after the channel axis of the input of " + describe(bn) +
                                      " are not known, so the features each channel becomes after " +
                                      describe(flatten) + " are not known"};
       return std::nullopt;
@@ -245,7 +248,7 @@ class FoldBatchNormForward final : public Rule {
                     (dims[1] == -1 && copiesBatch));
     }
     if (!keepsBatch) {
-      *whyNot = {"channel-axis-mismatch", describe(flatten) + " does not turn the output of " + describe(bn) +
+      *whyNot = {reason::kChannelAxisMismatch, describe(flatten) + " does not turn the output of " + describe(bn) +
                                               " into [batch, channels * " + std::to_string(block) +
                                               "], so a channel is not a block of the next layer's input features"};
       return std::nullopt;

@@ -27,7 +27,9 @@
 #include "layout_path.h"
 #include "opset_emit.h"
 #include "rules.h"
+#include "understood_ops.h"
 #include "value_shape.h"
+#include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
 namespace {
@@ -49,14 +51,6 @@ struct BatchNormFold : Match {
 
 std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
 
-/// readAffineLayer's reasons in this rule's vocabulary: the BN root is the node the driver reports as
-/// kept-by-user, so a kept layer gets its own code, and a weight computed at run time is not a BN parameter.
-MatchFailure layerFailure(MatchFailure why) {
-  if (why.code == "kept-by-user") why.code = "layer-kept-by-user";
-  if (why.code == "params-not-constant") why.code = "weights-not-constant";
-  return why;
-}
-
 bool anyNonZero(const std::vector<double>& values) {
   return std::any_of(values.begin(), values.end(), [](double v) { return v != 0.0; });
 }
@@ -75,17 +69,17 @@ kernels::ChannelAffine sliceOf(const kernels::ChannelAffine& affine, int64_t beg
 std::optional<AffineLayer> readLayer(const Node& layerNode, const Node& bn, const RuleContext& context,
                                      MatchFailure* why) {
   if (layerNode.graph() != bn.graph()) {
-    *why = {"layer-in-outer-graph", describe(bn) + " is in a subgraph but its input comes from " + describe(layerNode) +
+    *why = {reason::kLayerInOtherGraph, describe(bn) + " is in a subgraph but its input comes from " + describe(layerNode) +
                                         " in an enclosing graph"};
     return std::nullopt;
   }
   std::optional<AffineLayer> layer = readAffineLayer(layerNode, context, why);
   if (!layer) {
-    *why = layerFailure(*why);
+    *why = asLayerFailure(*why);
     return std::nullopt;
   }
   if (const Node* kept = keptConstantProducer(context, {layer->weightValue, layer->biasValue})) {
-    *why = {"layer-kept-by-user", "a weight of " + describe(layerNode) + " comes from Constant '" + kept->name() +
+    *why = {reason::kLayerKeptByUser, "a weight of " + describe(layerNode) + " comes from Constant '" + kept->name() +
                                       "', which is kept by --keep/--keep-op"};
     return std::nullopt;
   }
@@ -99,35 +93,36 @@ class FoldBatchNormIntoLayer final : public Rule {
     return "Fold inference-mode BatchNormalization into the preceding Conv, ConvTranspose, Gemm or MatMul";
   }
   std::vector<std::string> rootOps() const override { return {"BatchNormalization"}; }
+  std::vector<OpVersions> opVersions() const override { return joinOps({kBatchNormalization, kConcat, kAdd}, joinOps(layerOps(), layoutOps())); }
 
   MatchResult match(const Node& bn, const RuleContext& context) const override {
     // Training mode first: it is the reason whatever precedes the BN.
     const BatchNormForm form = readBatchNormForm(bn, context.opset());
     if (form.training) {
-      return MatchResult::failure("training-mode", describe(bn) + " normalizes with batch statistics (" +
+      return MatchResult::failure(reason::kTrainingMode, describe(bn) + " normalizes with batch statistics (" +
                                                        form.trainingCause + ", " + form.formName +
                                                        "); only inference-mode BatchNormalization is folded");
     }
 
     // The layer (or Concat of layers) before the BN, maybe through layout ops.
     const Value* x = bn.input(0);
-    if (!x) return MatchResult::failure("no-foldable-producer", describe(bn) + " has no input");
+    if (!x) return MatchResult::failure(reason::kNoFoldableProducer, describe(bn) + " has no input");
     auto match = std::make_unique<BatchNormFold>();
     match->path = findLayoutPath(*x);
     const Node* source = match->path.source;
     if (!source) {
-      return MatchResult::failure("no-foldable-producer",
+      return MatchResult::failure(reason::kNoFoldableProducer,
                                   describe(bn) + " reads '" + x->name() + "'" + pathText(match->path) +
                                       ", a graph input or constant, not the output of a layer");
     }
     const bool isConcat = source->isOnnxOp("Concat");
     if (!isAffineLayerOp(*source) && !isConcat) {
-      return MatchResult::failure("no-foldable-producer",
+      return MatchResult::failure(reason::kNoFoldableProducer,
                                   describe(bn) + " reads the output of " + describe(*source) + pathText(match->path) +
                                       ", not of a Conv, ConvTranspose, Gemm or MatMul");
     }
     if (const Value* shared = sharedValueOnPath(match->path, *x)) {
-      return MatchResult::failure("layer-has-other-consumers",
+      return MatchResult::failure(reason::kLayerHasOtherConsumers,
                                   "'" + shared->name() + "' on the way from " + describe(*source) + " to " +
                                       describe(bn) + " is " + (shared->isGraphOutput() ? "a graph output" : "read by another node") +
                                       ", which needs it unnormalized");
@@ -146,24 +141,24 @@ class FoldBatchNormIntoLayer final : public Rule {
       for (const Value* input : source->inputs()) {
         const Node* producer = input ? input->producer() : nullptr;
         if (!producer || !isAffineLayerOp(*producer))
-          return MatchResult::failure("no-foldable-producer",
+          return MatchResult::failure(reason::kNoFoldableProducer,
                                       describe(bn) + " reads " + describe(*source) + ", whose input '" +
                                           (input ? input->name() : std::string()) +
                                           "' is not the output of a Conv, ConvTranspose, Gemm or MatMul");
         if (input->isGraphOutput() || input->uses().size() != 1)
-          return MatchResult::failure("layer-has-other-consumers",
+          return MatchResult::failure(reason::kLayerHasOtherConsumers,
                                       "the output '" + input->name() + "' of " + describe(*producer) + " is read by " +
                                           "another node besides " + describe(*source) + " or is a graph output");
         auto layer = readLayer(*producer, bn, context, &why);
         if (!layer) return MatchResult::failure(why.code, why.message);
         if (layer->outputRank < 0)
-          return MatchResult::failure("rank-unknown", "the rank of the output of " + describe(*producer) + " is not known");
+          return MatchResult::failure(reason::kRankUnknown, "the rank of the output of " + describe(*producer) + " is not known");
         const int64_t concatAxis = source->attributeInt("axis", 0) < 0 ? source->attributeInt("axis", 0) + layer->outputRank
                                                                       : source->attributeInt("axis", 0);
         if (rank >= 0 && layer->outputRank != rank)
-          return MatchResult::failure("channel-axis-mismatch", describe(*source) + " joins outputs of different ranks");
+          return MatchResult::failure(reason::kChannelAxisMismatch, describe(*source) + " joins outputs of different ranks");
         if (concatAxis != layer->outputChannelAxis())
-          return MatchResult::failure("channel-axis-mismatch",
+          return MatchResult::failure(reason::kChannelAxisMismatch,
                                       describe(*source) + " joins along axis " + std::to_string(concatAxis) + ", not the " +
                                           "channel axis " + std::to_string(layer->outputChannelAxis()) + " of " +
                                           describe(*producer));
@@ -188,7 +183,7 @@ class FoldBatchNormIntoLayer final : public Rule {
       match->parts.push_back(std::move(part));
     }
     if (params->channels != channels) {
-      return MatchResult::failure("param-shape-mismatch",
+      return MatchResult::failure(reason::kParamShapeMismatch,
                                   describe(bn) + " has " + std::to_string(params->channels) + " channels but " +
                                       describe(*source) + " has " + std::to_string(channels) + " output channels");
     }
@@ -200,12 +195,12 @@ class FoldBatchNormIntoLayer final : public Rule {
       if (!shape) shape = knownShape(*x);
       if (!shape) {
         return MatchResult::failure(
-            "rank-unknown", "the rank of the output of " + describe(*source) +
+            reason::kRankUnknown, "the rank of the output of " + describe(*source) +
                                 " is not known; BatchNormalization normalizes axis 1, which is MatMul's column "
                                 "axis only for a 2-D output");
       }
       if (shape->size() != 2) {
-        return MatchResult::failure("channel-axis-mismatch",
+        return MatchResult::failure(reason::kChannelAxisMismatch,
                                     "the output of " + describe(*source) + " has rank " +
                                         std::to_string(shape->size()) +
                                         ": BatchNormalization normalizes axis 1, not MatMul's column axis");
@@ -213,13 +208,13 @@ class FoldBatchNormIntoLayer final : public Rule {
       match->parts[0].layer.outputRank = 2;
     } else if (!match->path.steps.empty() || match->parts[0].layer.isMatMul()) {
       if (rank < 0)
-        return MatchResult::failure("rank-unknown", "the rank of the output of " + describe(*source) +
+        return MatchResult::failure(reason::kRankUnknown, "the rank of the output of " + describe(*source) +
                                                         " is not known, so the channel axis cannot be followed" +
                                                         pathText(match->path));
       std::optional<int64_t> mapped = mapFeatureAxis(match->path, rank, axis, channels, context, &why);
       if (!mapped) return MatchResult::failure(why.code, why.message);
       if (*mapped != 1)
-        return MatchResult::failure("channel-axis-mismatch",
+        return MatchResult::failure(reason::kChannelAxisMismatch,
                                     "the channel axis " + std::to_string(axis) + " of " + describe(*source) +
                                         " ends on axis " + std::to_string(*mapped) + pathText(match->path) +
                                         ", but " + describe(bn) + " normalizes axis 1");
@@ -271,7 +266,7 @@ class FoldBatchNormIntoLayer final : public Rule {
       Value* bias = addTensor(rewriter, *into, layer.type(), {layer.outputChannels}, kernels::foldBias(affine),
                               into->name() + "_bias");
       std::vector<onnx::AttributeProto> attributes;
-      if (modelOpset(rewriter) < 7) attributes.push_back(intAttribute("broadcast", 1));  // C broadcasts only if told
+      if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));  // C broadcasts only if told
       const Node* gemm = rewriter.createNode(into, "Gemm", {into->input(0), into->input(1), bias}, {output->name()},
                                              into->name() + "_gemm", std::move(attributes));
       entry["replaced_node"] = into->name();
@@ -287,7 +282,7 @@ class FoldBatchNormIntoLayer final : public Rule {
                               into->name() + "_bias");
       const Use reader = output->uses().front();
       std::vector<onnx::AttributeProto> attributes;
-      if (modelOpset(rewriter) < 7) attributes.push_back(intAttribute("broadcast", 1));
+      if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));
       const Node* add = rewriter.createNode(reader.node, "Add", {output, bias}, {output->name() + "_biased"},
                                             into->name() + "_bias_add", std::move(attributes));
       rewriter.setInput(reader.node, reader.slot, add->output(0));
@@ -298,7 +293,7 @@ class FoldBatchNormIntoLayer final : public Rule {
       if (auto bias = foldedBias(layer, affine)) {
         biasAfter = writeBias(rewriter, layer, *bias);
         biasCreated = layer.biasValue == nullptr;
-        if (layer.isGemm() && modelOpset(rewriter) < 7) rewriter.setAttribute(into, intAttribute("broadcast", 1));
+        if (layer.isGemm() && modelOpset(rewriter) < kNumpyBroadcastOpset) rewriter.setAttribute(into, intAttribute("broadcast", 1));
       }
     }
     entry["into"] = into->name();

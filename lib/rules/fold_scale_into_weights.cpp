@@ -17,6 +17,7 @@
 #include "affine_layer.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "rules.h"
+#include "understood_ops.h"
 #include "value_shape.h"
 
 namespace bnfold::rules {
@@ -39,8 +40,8 @@ class FoldScaleIntoWeights final : public Rule {
            "folded into its weights";
   }
   std::vector<std::string> rootOps() const override { return {"Mul"}; }
+  std::vector<OpVersions> opVersions() const override { return joinOps({kMulNumpyBroadcast}, joinOps(layerOps(), layoutOps())); }
   // Before opset 7 Mul broadcasts with `broadcast`/`axis` attributes instead of numpy rules.
-  int64_t minOpset() const override { return 7; }
 
   MatchResult match(const Node& mul, const RuleContext& context) const override {
     MatchFailure afterWhy;
@@ -48,7 +49,7 @@ class FoldScaleIntoWeights final : public Rule {
     MatchFailure beforeWhy;
     if (auto match = matchBeforeLayer(mul, context, &beforeWhy)) return MatchResult::success(std::move(match));
     // Report the attempt that got furthest: a Mul that follows a layer is explained by the "after" reason.
-    const MatchFailure& why = afterWhy.code == "no-foldable-layer" ? beforeWhy : afterWhy;
+    const MatchFailure& why = afterWhy.code == reason::kNoFoldableLayer ? beforeWhy : afterWhy;
     return MatchResult::failure(why.code, why.message);
   }
 
@@ -83,8 +84,8 @@ class FoldScaleIntoWeights final : public Rule {
   }
 
  private:
-  static std::unique_ptr<ScaleFoldMatch> failWith(MatchFailure* whyNot, std::string code, std::string message) {
-    *whyNot = {std::move(code), std::move(message)};
+  static std::unique_ptr<ScaleFoldMatch> failWith(MatchFailure* whyNot, ReasonCode code, std::string message) {
+    *whyNot = {code, std::move(message)};
     return nullptr;
   }
 
@@ -92,17 +93,17 @@ class FoldScaleIntoWeights final : public Rule {
                                                          MatchFailure* whyNot) {
     const int layerSlot = layerOperandSlot(mul, context);
     if (layerSlot < 0)
-      return failWith(whyNot, "no-foldable-layer", "'" + mul.name() + "' does not multiply the output of a Conv, "
+      return failWith(whyNot, reason::kNoFoldableLayer, "'" + mul.name() + "' does not multiply the output of a Conv, "
                                                    "ConvTranspose, Gemm or MatMul by a constant");
     const Value* layerOutput = mul.input(static_cast<std::size_t>(layerSlot));
     const Value* constant = mul.input(static_cast<std::size_t>(1 - layerSlot));
     const Node& layerNode = *layerOutput->producer();
     if (soleConsumer(*layerOutput) != &mul || layerOutput->producerOutputIndex() != 0)
-      return failWith(whyNot, "layer-has-other-consumers", "the output '" + layerOutput->name() + "' of '" +
+      return failWith(whyNot, reason::kLayerHasOtherConsumers, "the output '" + layerOutput->name() + "' of '" +
                                                                layerNode.name() +
                                                                "' is read by other nodes too or is a graph output");
     if (layerNode.graph() != mul.graph())
-      return failWith(whyNot, "layer-in-other-graph", "'" + mul.name() + "' is in a subgraph and reads '" +
+      return failWith(whyNot, reason::kLayerInOtherGraph, "'" + mul.name() + "' is in a subgraph and reads '" +
                                                           layerNode.name() + "' from an enclosing graph");
     auto layer = readAffineLayer(layerNode, context, whyNot);
     if (!layer) return nullptr;
@@ -111,7 +112,7 @@ class FoldScaleIntoWeights final : public Rule {
     if (rank < 0) {
       // A MatMul output has rank >= 1 with its channels last, so a constant of rank <= 1 is safe to judge.
       if (tensor->rank() > 1)
-        return failWith(whyNot, "unknown-rank", "the rank of the output of '" + layerNode.name() +
+        return failWith(whyNot, reason::kRankUnknown, "the rank of the output of '" + layerNode.name() +
                                                     "' is not known, so the broadcasting of '" + constant->name() +
                                                     "' cannot be checked");
       rank = 1;
@@ -120,11 +121,11 @@ class FoldScaleIntoWeights final : public Rule {
     auto scale = perChannelConstant(*constant, *tensor, rank, channelAxis, layer->outputChannels, whyNot);
     if (!scale) return nullptr;
     if (tensor->dataType() != layer->type())
-      return failWith(whyNot, "unsupported-type", "constant '" + constant->name() + "' has type " +
+      return failWith(whyNot, reason::kUnsupportedType, "constant '" + constant->name() + "' has type " +
                                                       dataTypeName(tensor->dataType()) + ", the layer " +
                                                       dataTypeName(layer->type()));
     if (const Node* kept = keptConstantProducer(context, {constant, layer->weightValue, layer->biasValue}))
-      return failWith(whyNot, "kept-by-user", "Constant node '" + kept->name() + "' is kept by --keep or "
+      return failWith(whyNot, reason::kKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or "
                                               "--keep-op and would be removed");
     auto match = std::make_unique<ScaleFoldMatch>();
     match->mul = &mul;
@@ -141,17 +142,17 @@ class FoldScaleIntoWeights final : public Rule {
     const Node* consumer = output ? soleConsumer(*output, &consumerSlot) : nullptr;
     if (!consumer || consumerSlot != 0 ||
         !(consumer->isOnnxOp("Conv") || consumer->isOnnxOp("ConvTranspose") || consumer->isOnnxOp("Gemm")))
-      return failWith(whyNot, "no-foldable-layer", "'" + mul.name() + "' is neither applied to a layer's output "
+      return failWith(whyNot, reason::kNoFoldableLayer, "'" + mul.name() + "' is neither applied to a layer's output "
                                                    "nor read only by a Conv, ConvTranspose or Gemm as its data input");
     if (consumer->graph() != mul.graph())
-      return failWith(whyNot, "layer-in-other-graph", "'" + mul.name() + "' is read by '" + consumer->name() +
+      return failWith(whyNot, reason::kLayerInOtherGraph, "'" + mul.name() + "' is read by '" + consumer->name() +
                                                           "' in a subgraph");
     // The scale is the constant operand; prefer the second one as Mul(X, k) is the usual order.
     int constantSlot = -1;
     for (int slot : {1, 0})
       if (constantSlot < 0 && context.constantOf(mul.input(static_cast<std::size_t>(slot)))) constantSlot = slot;
     if (constantSlot < 0)
-      return failWith(whyNot, "operand-not-constant", "neither operand of '" + mul.name() + "' is a constant");
+      return failWith(whyNot, reason::kOperandNotConstant, "neither operand of '" + mul.name() + "' is a constant");
     const Value* constant = mul.input(static_cast<std::size_t>(constantSlot));
     const Value* input = mul.input(static_cast<std::size_t>(1 - constantSlot));
     auto layer = readAffineLayer(*consumer, context, whyNot);
@@ -165,7 +166,7 @@ class FoldScaleIntoWeights final : public Rule {
     auto scale = perChannelConstant(*constant, *tensor, rank, channelAxis, layer->inputChannels, whyNot);
     if (!scale) return nullptr;
     if (tensor->dataType() != layer->type())
-      return failWith(whyNot, "unsupported-type", "constant '" + constant->name() + "' has type " +
+      return failWith(whyNot, reason::kUnsupportedType, "constant '" + constant->name() + "' has type " +
                                                       dataTypeName(tensor->dataType()) + ", the layer " +
                                                       dataTypeName(layer->type()));
     // The layer must see exactly X's shape once the Mul is gone: k must not raise X's rank or spread a single
@@ -179,14 +180,14 @@ class FoldScaleIntoWeights final : public Rule {
       if (!shape || static_cast<int64_t>(shape->size()) != rank ||
           (couldSpreadChannel && (*shape)[static_cast<std::size_t>(channelAxis)] != layer->inputChannels)) {
         const std::string known = shape ? formatDims(*shape) : std::string("unknown");
-        return failWith(whyNot, "mul-may-broadcast-input",
+        return failWith(whyNot, reason::kMulMayBroadcastInput,
                         "'" + mul.name() + "' could broadcast '" + input->name() + "' (shape " + known +
                             ") to a bigger shape with '" + constant->name() + "' " + formatDims(constDims) +
                             ", so the layer would not see the same input without it");
       }
     }
     if (const Node* kept = keptConstantProducer(context, {constant, layer->weightValue}))
-      return failWith(whyNot, "kept-by-user", "Constant node '" + kept->name() + "' is kept by --keep or "
+      return failWith(whyNot, reason::kKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or "
                                               "--keep-op and would be removed");
     auto match = std::make_unique<ScaleFoldMatch>();
     match->mul = &mul;

@@ -13,12 +13,12 @@
 #include "bnfold/rewrite/rewriter.h"
 #include "opset_emit.h"
 #include "rules.h"
+#include "understood_ops.h"
+#include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
 namespace {
 
-constexpr int64_t kTrainingModeAttributeOpset = 14;
-constexpr int64_t kIsTestRemovedOpset = 7;
 
 bool isRead(const Value* value) { return value && (value->hasUses() || value->isGraphOutput()); }
 
@@ -34,21 +34,22 @@ class FreezeTrainingBatchNorm : public Rule {
     return "With --freeze-train-bn: turn training-mode BatchNormalization into inference mode (running statistics)";
   }
   std::vector<std::string> rootOps() const override { return {"BatchNormalization"}; }
+  std::vector<OpVersions> opVersions() const override { return {kBatchNormalization, kIdentity}; }
 
   MatchResult match(const Node& bn, const RuleContext& context) const override {
     auto found = std::make_unique<FreezeMatch>();
     found->bn = &bn;
     found->form = readBatchNormForm(bn, context.opset());
     const BatchNormForm& form = found->form;
-    if (!form.training) return MatchResult::failure("not-training-mode", "already in inference mode");
+    if (!form.training) return MatchResult::failure(reason::kNotTrainingMode, "already in inference mode");
     if (!context.options().freezeTrainingBatchNorm)
-      return MatchResult::failure("freeze-not-requested", "training-mode BN is frozen only with --freeze-train-bn");
+      return MatchResult::failure(reason::kFreezeNotRequested, "training-mode BN is frozen only with --freeze-train-bn");
     if (form.emptyStatistics)
-      return MatchResult::failure("empty-statistics",
+      return MatchResult::failure(reason::kEmptyStatistics,
                                   "mean/var are empty: there are no running statistics to normalize with");
-    if (!bn.input(3) || !bn.input(4)) return MatchResult::failure("missing-input", "mean or var is omitted");
+    if (!bn.input(3) || !bn.input(4)) return MatchResult::failure(reason::kMissingInput, "mean or var is omitted");
     if (isRead(bn.output(3)) || isRead(bn.output(4)))
-      return MatchResult::failure("saved-statistics-read",
+      return MatchResult::failure(reason::kSavedStatisticsRead,
                                   "saved_mean/saved_var are read: they are batch statistics, which an inference-mode "
                                   "BN does not compute");
     return MatchResult::success(std::move(found));
@@ -69,7 +70,7 @@ class FreezeTrainingBatchNorm : public Rule {
       std::vector<onnx::AttributeProto> attributes;
       for (const auto& attribute : bn.proto().attribute())
         if (attribute.name() != "training_mode" && attribute.name() != "is_test") attributes.push_back(attribute);
-      if (opset < kIsTestRemovedOpset) attributes.push_back(intAttribute("is_test", 1));
+      if (opset < kBatchNormIsTestRemovedOpset) attributes.push_back(intAttribute("is_test", 1));
       std::vector<const Value*> inputs(bn.inputs().begin(), bn.inputs().end());
       Node* frozen = rewriter.createNode(&bn, "BatchNormalization", inputs, {bn.output(0)->name()}, oldName,
                                          std::move(attributes));
@@ -85,8 +86,8 @@ class FreezeTrainingBatchNorm : public Rule {
     }
     for (const auto& [from, to] : replacements) outputs.push_back(from->name());
     entry["outputs"] = outputs;
-    entry["change"] = opset >= kTrainingModeAttributeOpset ? "training_mode removed"
-                      : opset >= kIsTestRemovedOpset       ? "optional outputs removed"
+    entry["change"] = opset >= kBatchNormTrainingModeOpset ? "training_mode removed"
+                      : opset >= kBatchNormIsTestRemovedOpset       ? "optional outputs removed"
                                                            : "is_test=1";
     for (const auto& [from, to] : replacements) rewriter.replaceValueKeepingName(from, to);
     if (replacements.empty()) rewriter.eraseNode(&bn);

@@ -50,7 +50,7 @@ std::optional<std::vector<int64_t>> intsOperand(const Node& node, std::size_t sl
 std::optional<int64_t> reshapedAxis(const Node& node, const AxisState& in, const Dims& out, int64_t channels,
                                     MatchFailure* whyNot) {
   if (!known(in.dims, static_cast<std::size_t>(in.axis) + 1)) {
-    *whyNot = {"rank-unknown", "the dims after the channel axis of the input of " + describe(node) +
+    *whyNot = {reason::kRankUnknown, "the dims after the channel axis of the input of " + describe(node) +
                                    " are not known, so it cannot be proven to keep the channels apart"};
     return std::nullopt;
   }
@@ -58,10 +58,10 @@ std::optional<int64_t> reshapedAxis(const Node& node, const AxisState& in, const
   for (std::size_t j = 0; j < out.size(); ++j)
     if (out[j] == channels && known(out, j + 1) && product(out, j + 1) == after) return static_cast<int64_t>(j);
   if (!known(out)) {
-    *whyNot = {"rank-unknown", "the output shape of " + describe(node) + " is not known, so it cannot be proven to "
+    *whyNot = {reason::kRankUnknown, "the output shape of " + describe(node) + " is not known, so it cannot be proven to "
                                                                          "keep the channel axis"};
   } else {
-    *whyNot = {"channel-axis-mismatch", describe(node) + " reshapes " + formatDims(in.dims) + " to " +
+    *whyNot = {reason::kChannelAxisMismatch, describe(node) + " reshapes " + formatDims(in.dims) + " to " +
                                             formatDims(out) + ", which merges or splits the " +
                                             std::to_string(channels) + " channels of axis " +
                                             std::to_string(in.axis)};
@@ -83,13 +83,13 @@ std::optional<AxisState> transposeStep(const Node& node, const AxisState& in, in
   if (perm.empty())
     for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
   if (static_cast<int64_t>(perm.size()) != rank) {
-    *whyNot = {"channel-axis-mismatch", describe(node) + " has a perm of another rank than its input"};
+    *whyNot = {reason::kChannelAxisMismatch, describe(node) + " has a perm of another rank than its input"};
     return std::nullopt;
   }
   AxisState out{Dims(perm.size()), -1};
   for (std::size_t j = 0; j < perm.size(); ++j) {
     if (perm[j] < 0 || perm[j] >= rank) {
-      *whyNot = {"channel-axis-mismatch", describe(node) + " has an invalid perm"};
+      *whyNot = {reason::kChannelAxisMismatch, describe(node) + " has an invalid perm"};
       return std::nullopt;
     }
     out.dims[j] = in.dims[static_cast<std::size_t>(perm[j])];
@@ -109,7 +109,7 @@ std::optional<AxisState> unsqueezeStep(const Node& node, const AxisState& in, in
     else inserted[static_cast<std::size_t>(a)] = true;
   }
   if (!axes || axes->empty()) {
-    *whyNot = {"rank-unknown", "the axes of " + describe(node) + " are not known constants"};
+    *whyNot = {reason::kRankUnknown, "the axes of " + describe(node) + " are not known constants"};
     return std::nullopt;
   }
   AxisState out{{}, -1};
@@ -129,7 +129,7 @@ std::optional<AxisState> squeezeStep(const Node& node, const AxisState& in, int6
                                      MatchFailure* whyNot) {
   auto axes = intsOperand(node, 1, "axes", context);
   if (!axes) {
-    *whyNot = {"rank-unknown", "the axes of " + describe(node) + " are not known constants"};
+    *whyNot = {reason::kRankUnknown, "the axes of " + describe(node) + " are not known constants"};
     return std::nullopt;
   }
   const auto rank = static_cast<int64_t>(in.dims.size());
@@ -137,7 +137,7 @@ std::optional<AxisState> squeezeStep(const Node& node, const AxisState& in, int6
   if (axes->empty()) {
     // Every dim of size 1 goes: all dims must be known.
     if (!known(in.dims)) {
-      *whyNot = {"rank-unknown", "the input dims of " + describe(node) + ", which squeezes every dim of size 1, "
+      *whyNot = {reason::kRankUnknown, "the input dims of " + describe(node) + ", which squeezes every dim of size 1, "
                                                                          "are not known"};
       return std::nullopt;
     }
@@ -146,13 +146,13 @@ std::optional<AxisState> squeezeStep(const Node& node, const AxisState& in, int6
   for (int64_t a : *axes) {
     a = a < 0 ? a + rank : a;
     if (a < 0 || a >= rank) {
-      *whyNot = {"channel-axis-mismatch", describe(node) + " has an invalid axis"};
+      *whyNot = {reason::kChannelAxisMismatch, describe(node) + " has an invalid axis"};
       return std::nullopt;
     }
     removed[static_cast<std::size_t>(a)] = true;
   }
   if (removed[static_cast<std::size_t>(in.axis)]) {
-    *whyNot = {"channel-axis-mismatch", describe(node) + " removes the channel axis"};
+    *whyNot = {reason::kChannelAxisMismatch, describe(node) + " removes the channel axis"};
     return std::nullopt;
   }
   AxisState out{{}, -1};
@@ -183,7 +183,7 @@ std::optional<AxisState> reshapeStep(const Node& node, const AxisState& in, int6
                                      const RuleContext& context, MatchFailure* whyNot) {
   auto shape = intsOperand(node, 1, "shape", context);
   if (!shape) {
-    *whyNot = {"rank-unknown", "the target shape of " + describe(node) + " is not a known constant"};
+    *whyNot = {reason::kRankUnknown, "the target shape of " + describe(node) + " is not a known constant"};
     return std::nullopt;
   }
   const bool allowZero = node.attributeInt("allowzero", 0) != 0;

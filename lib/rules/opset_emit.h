@@ -13,13 +13,9 @@
 #include <vector>
 
 #include "bnfold/rewrite/rewriter.h"
+#include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
-
-/// First opset where each op takes its axes / shape as an input instead of an attribute.
-inline constexpr int64_t kReduceMeanAxesInputOpset = 18;
-inline constexpr int64_t kSqueezeAxesInputOpset = 13;
-inline constexpr int64_t kReshapeShapeInputOpset = 5;
 
 /// The ai.onnx opset of the model the rewriter works on.
 int64_t modelOpset(Rewriter& rewriter);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 
 #include "bnfold/ir/tensor.h"
 
@@ -12,19 +13,6 @@ using Shape = std::vector<int64_t>;
 
 // Following producers is bounded so a long chain costs little; the answer is then just "unknown".
 constexpr int kMaxDepth = 32;
-
-// Ops whose output 0 has exactly the shape (and, except Cast, the element type) of input 0.
-bool preservesShape(const std::string& op) {
-  static const char* const kOps[] = {
-      "Relu",      "LeakyRelu", "PRelu",       "Sigmoid",  "HardSigmoid", "HardSwish",  "Tanh",    "Clip",
-      "Elu",       "Selu",      "Celu",        "Softplus", "Softsign",    "Gelu",       "Mish",    "Identity",
-      "Dropout",   "Neg",       "Abs",         "Exp",      "Log",         "Sqrt",       "Erf",     "Reciprocal",
-      "Softmax",   "LogSoftmax", "LRN",        "Cast",     "BatchNormalization", "InstanceNormalization",
-      "ThresholdedRelu", "Shrink"};
-  return std::any_of(std::begin(kOps), std::end(kOps), [&](const char* name) { return op == name; });
-}
-
-bool isBroadcastingBinary(const std::string& op) { return op == "Add" || op == "Sub" || op == "Mul" || op == "Div"; }
 
 std::optional<Shape> declaredShape(const Value& value) {
   const onnx::TypeProto* type = value.declaredType();
@@ -85,61 +73,122 @@ void windowOutputDims(const Node& node, const Shape& input, const std::vector<in
   }
 }
 
-std::optional<Shape> inferredShape(const Value& value, int depth) {
+std::optional<DataType> typeOf(const Value* value, int depth);
+
+// ---- per-op rules: the shape and element type of output 0 from the producer's inputs and attributes ----
+
+std::optional<Shape> sameShapeAsInput(const Node& node, int depth) { return shapeOf(node.input(0), depth + 1); }
+std::optional<DataType> sameTypeAsInput(const Node& node, int depth) { return typeOf(node.input(0), depth + 1); }
+std::optional<DataType> castType(const Node& node, int) { return static_cast<DataType>(node.attributeInt("to", 0)); }
+
+/// Conv, ConvTranspose, Gemm, MatMul: input and weight share the element type T.
+std::optional<DataType> layerType(const Node& node, int depth) {
+  if (auto type = typeOf(node.input(1), depth + 1)) return type;
+  return typeOf(node.input(0), depth + 1);
+}
+
+/// Conv and ConvTranspose: rank and channels from the weight, spatial dims by the window formulas (Conv only).
+std::optional<Shape> convShape(const Node& node, int depth) {
+  auto weight = shapeOf(node.input(1), depth + 1);
+  if (!weight || weight->size() < 3) return std::nullopt;
+  Shape out(weight->size(), kUnknownDim);
+  auto input = shapeOf(node.input(0), depth + 1);
+  if (input && !input->empty()) out[0] = (*input)[0];
+  const int64_t group = node.attributeInt("group", 1);
+  if (node.opType() == "Conv") out[1] = (*weight)[0];
+  else if ((*weight)[1] != kUnknownDim && group > 0) out[1] = checkedProduct((*weight)[1], group).value_or(kUnknownDim);
+  if (node.opType() == "Conv" && input && input->size() == out.size())
+    windowOutputDims(node, *input, Shape(weight->begin() + 2, weight->end()), out);
+  return out;
+}
+
+std::optional<Shape> gemmShape(const Node& node, int depth) {
+  Shape out(2, kUnknownDim);
+  auto a = shapeOf(node.input(0), depth + 1);
+  auto b = shapeOf(node.input(1), depth + 1);
+  if (a && a->size() == 2) out[0] = (*a)[node.attributeInt("transA", 0) ? 1 : 0];
+  if (b && b->size() == 2) out[1] = (*b)[node.attributeInt("transB", 0) ? 0 : 1];
+  return out;
+}
+
+/// MatMul by a 2-D weight (the layers rules fold into): the last dim becomes the weight's columns.
+std::optional<Shape> matMulShape(const Node& node, int depth) {
+  auto a = shapeOf(node.input(0), depth + 1);
+  auto b = shapeOf(node.input(1), depth + 1);
+  if (!a || !b || b->size() != 2 || a->empty()) return std::nullopt;
+  if (a->size() == 1) return Shape{(*b)[1]};
+  Shape out(*a);
+  out.back() = (*b)[1];
+  return out;
+}
+
+/// Pooling: batch and channels pass through; the spatial dims shrink (to 1 for the global pools).
+std::optional<Shape> poolShape(const Node& node, int depth) {
+  auto input = shapeOf(node.input(0), depth + 1);
+  if (!input || input->size() < 3) return std::nullopt;
+  const bool global = node.opType().rfind("Global", 0) == 0;
+  Shape out(*input);
+  for (std::size_t i = 2; i < out.size(); ++i) out[i] = global ? 1 : kUnknownDim;
+  if (!global) windowOutputDims(node, *input, node.attributeInts("kernel_shape"), out);
+  return out;
+}
+
+std::optional<Shape> flattenShape(const Node&, int) { return Shape{kUnknownDim, kUnknownDim}; }
+
+/// Add, Sub, Mul, Div: numpy broadcast of both sides.
+std::optional<Shape> broadcastShape(const Node& node, int depth) {
+  auto a = shapeOf(node.input(0), depth + 1);
+  auto b = shapeOf(node.input(1), depth + 1);
+  if (!a || !b) return std::nullopt;
+  return broadcastShapes(*a, *b);
+}
+std::optional<DataType> binaryType(const Node& node, int depth) {
+  if (auto type = typeOf(node.input(0), depth + 1)) return type;
+  return typeOf(node.input(1), depth + 1);
+}
+
+struct OpShapeRule {
+  std::optional<Shape> (*shape)(const Node& producer, int depth);
+  std::optional<DataType> (*type)(const Node& producer, int depth);
+};
+
+/// Every op whose output shape is inferred, keyed by op type: adding an op is one entry.
+const std::unordered_map<std::string, OpShapeRule>& shapeRules() {
+  static const std::unordered_map<std::string, OpShapeRule> rules = [] {
+    std::unordered_map<std::string, OpShapeRule> table = {
+        {"Cast", {sameShapeAsInput, castType}},
+        {"Conv", {convShape, layerType}},
+        {"ConvTranspose", {convShape, layerType}},
+        {"Gemm", {gemmShape, layerType}},
+        {"MatMul", {matMulShape, layerType}},
+        {"Flatten", {flattenShape, sameTypeAsInput}},
+    };
+    // Output 0 has exactly the shape and element type of input 0.
+    for (const char* op : {"Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Clip", "Elu",
+                           "Selu", "Celu", "Softplus", "Softsign", "Gelu", "Mish", "Identity", "Dropout", "Neg", "Abs",
+                           "Exp", "Log", "Sqrt", "Erf", "Reciprocal", "Softmax", "LogSoftmax", "LRN",
+                           "BatchNormalization", "InstanceNormalization", "ThresholdedRelu", "Shrink"})
+      table.emplace(op, OpShapeRule{sameShapeAsInput, sameTypeAsInput});
+    for (const char* op : {"MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})
+      table.emplace(op, OpShapeRule{poolShape, sameTypeAsInput});
+    for (const char* op : {"Add", "Sub", "Mul", "Div"}) table.emplace(op, OpShapeRule{broadcastShape, binaryType});
+    return table;
+  }();
+  return rules;
+}
+
+/// The rule for the producer of output 0 of `value`, or null when there is none to follow.
+const OpShapeRule* producerRule(const Value& value, int depth) {
   const Node* producer = value.producer();
-  if (!producer || depth > kMaxDepth || !(producer->domain().empty() || producer->domain() == "ai.onnx"))
-    return std::nullopt;
-  const std::string& op = producer->opType();
-  if (value.producerOutputIndex() != 0) return std::nullopt;
-  if (preservesShape(op)) return shapeOf(producer->input(0), depth + 1);
-  if (op == "Conv" || op == "ConvTranspose") {
-    auto weight = shapeOf(producer->input(1), depth + 1);
-    if (!weight || weight->size() < 3) return std::nullopt;
-    Shape out(weight->size(), kUnknownDim);
-    if (auto input = shapeOf(producer->input(0), depth + 1); input && !input->empty()) out[0] = (*input)[0];
-    const int64_t group = producer->attributeInt("group", 1);
-    if (op == "Conv") out[1] = (*weight)[0];
-    else if ((*weight)[1] != kUnknownDim && group > 0) out[1] = checkedProduct((*weight)[1], group).value_or(kUnknownDim);
-    if (auto input = shapeOf(producer->input(0), depth + 1); op == "Conv" && input && input->size() == out.size())
-      windowOutputDims(*producer, *input, Shape(weight->begin() + 2, weight->end()), out);
-    return out;
-  }
-  if (op == "Gemm") {
-    Shape out(2, kUnknownDim);
-    auto a = shapeOf(producer->input(0), depth + 1);
-    auto b = shapeOf(producer->input(1), depth + 1);
-    if (a && a->size() == 2) out[0] = (*a)[producer->attributeInt("transA", 0) ? 1 : 0];
-    if (b && b->size() == 2) out[1] = (*b)[producer->attributeInt("transB", 0) ? 0 : 1];
-    return out;
-  }
-  if (op == "MatMul") {
-    auto a = shapeOf(producer->input(0), depth + 1);
-    auto b = shapeOf(producer->input(1), depth + 1);
-    if (!a || !b || b->size() != 2 || a->empty()) return std::nullopt;
-    Shape out(*a);
-    if (a->size() == 1) return Shape{(*b)[1]};
-    out.back() = (*b)[1];
-    return out;
-  }
-  if (op == "MaxPool" || op == "AveragePool" || op == "LpPool" || op == "GlobalAveragePool" ||
-      op == "GlobalMaxPool" || op == "GlobalLpPool") {
-    // Batch and channels pass through; the spatial dims shrink (to 1 for the global pools).
-    auto input = shapeOf(producer->input(0), depth + 1);
-    if (!input || input->size() < 3) return std::nullopt;
-    const bool global = op.rfind("Global", 0) == 0;
-    Shape out(*input);
-    for (std::size_t i = 2; i < out.size(); ++i) out[i] = global ? 1 : kUnknownDim;
-    if (!global) windowOutputDims(*producer, *input, producer->attributeInts("kernel_shape"), out);
-    return out;
-  }
-  if (op == "Flatten") return Shape{kUnknownDim, kUnknownDim};
-  if (isBroadcastingBinary(op)) {
-    auto a = shapeOf(producer->input(0), depth + 1);
-    auto b = shapeOf(producer->input(1), depth + 1);
-    if (!a || !b) return std::nullopt;
-    return broadcastShapes(*a, *b);
-  }
-  return std::nullopt;
+  if (!producer || depth > kMaxDepth || value.producerOutputIndex() != 0) return nullptr;
+  if (!(producer->domain().empty() || producer->domain() == "ai.onnx")) return nullptr;
+  auto rule = shapeRules().find(producer->opType());
+  return rule == shapeRules().end() ? nullptr : &rule->second;
+}
+
+std::optional<Shape> inferredShape(const Value& value, int depth) {
+  const OpShapeRule* rule = producerRule(value, depth);
+  return rule ? rule->shape(*value.producer(), depth) : std::nullopt;
 }
 
 std::optional<Shape> shapeOf(const Value* value, int depth) {
@@ -163,23 +212,8 @@ std::optional<DataType> typeOf(const Value* value, int depth) {
   if (const onnx::TypeProto* declared = value->declaredType())
     if (declared->has_tensor_type() && declared->tensor_type().elem_type() != 0)
       return static_cast<DataType>(declared->tensor_type().elem_type());
-  const Node* producer = value->producer();
-  if (!producer || value->producerOutputIndex() != 0) return std::nullopt;
-  if (!(producer->domain().empty() || producer->domain() == "ai.onnx")) return std::nullopt;
-  const std::string& op = producer->opType();
-  if (op == "Cast") return static_cast<DataType>(producer->attributeInt("to", 0));
-  if (op == "Conv" || op == "ConvTranspose" || op == "Gemm" || op == "MatMul") {
-    // Input and weight share the element type T.
-    if (auto type = typeOf(producer->input(1), depth + 1)) return type;
-    return typeOf(producer->input(0), depth + 1);
-  }
-  if (preservesShape(op) || op == "Flatten" || op.find("Pool") != std::string::npos)
-    return typeOf(producer->input(0), depth + 1);
-  if (isBroadcastingBinary(op)) {
-    if (auto type = typeOf(producer->input(0), depth + 1)) return type;
-    return typeOf(producer->input(1), depth + 1);
-  }
-  return std::nullopt;
+  const OpShapeRule* rule = producerRule(*value, depth);
+  return rule ? rule->type(*value->producer(), depth) : std::nullopt;
 }
 
 }  // namespace

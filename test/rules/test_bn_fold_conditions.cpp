@@ -413,7 +413,7 @@ TEST_CASE("bn-fold refuses: the layer is in an enclosing graph", "[bn-fold]") {
   >
 }
 )",
-                "layer-in-outer-graph");
+                "layer-in-other-graph");
 }
 
 TEST_CASE("bn-fold: a shared weight is never edited, and the other reader keeps the old values", "[bn-fold]") {

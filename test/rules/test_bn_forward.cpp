@@ -320,6 +320,8 @@ TEST_CASE("bn-forward: refusals", "[bn-forward]") {
        "n = BatchNormalization <training_mode = 1> (x, s, b, m, v)\n y = Conv (n, w)", "training-mode"},
       {"a scale fed at run time", "g (float[1,3,4,4] x, float[3] s2) => (float[1,2,4,4] y)",
        "n = BN (x, s2, b, m, v)\n y = Conv (n, w)", "params-not-constant"},
+      {"the Conv's weight fed at run time", "g (float[1,3,4,4] x, float[2,3,1,1] w2) => (float[1,2,4,4] y)",
+       "n = BN (x, s, b, m, v)\n y = Conv (n, w2)", "weights-not-constant"},
       {"channel count differs from the Conv's input channels", "g (float[1,3,4,4] x) => (float[1,2,4,4] y)",
        "n = BN (x, s, b, m, v)\n y = Conv (n, w6)", "param-shape-mismatch"},
   };

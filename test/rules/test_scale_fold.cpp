@@ -377,7 +377,7 @@ g (float[1,3,5,5] x) => (float[1,3,3,3] y)
 }
 )");
     const MatchFailure why = refusal(*model, "scale-fold", "Mul_0");
-    CHECK(why.code == "not-per-channel");
+    CHECK(why.code == reason::kNotPerChannel);
     CHECK_THAT(why.message, Catch::Contains("axis 3"));
     FoldOutcome outcome = applyRulesAndCompare(*model, {"scale-fold"}, kTol, kTol);
     checkFoldsInOrt(outcome);
@@ -392,7 +392,7 @@ g (float[1,3,3,3] x) => (float[1,2,1,1] y)
   y = Conv (m, w)
 }
 )");
-    CHECK(refusal(*model, "scale-fold", "Mul_0").code == "not-per-channel");
+    CHECK(refusal(*model, "scale-fold", "Mul_0").code == reason::kNotPerChannel);
   }
   SECTION("a Mul that spreads a 1-channel input over 3 channels before the Conv") {
     auto model = parseModel(R"(<ir_version: 8, opset_import: ["" : 13]>
@@ -404,7 +404,7 @@ g (float[1,1,4,4] x) => (float[1,2,4,4] y)
 }
 )");
     const MatchFailure why = refusal(*model, "scale-fold", "Mul_0");
-    CHECK(why.code == "mul-may-broadcast-input");
+    CHECK(why.code == reason::kMulMayBroadcastInput);
     FoldOutcome outcome = applyRulesAndCompare(*model, {"scale-fold"}, kTol, kTol);
     checkFoldsInOrt(outcome);
     CHECK(opSequence(model->graph()) == "Mul,Conv");
@@ -418,7 +418,7 @@ g (float[N,C,4,4] x) => (float[N,2,4,4] y)
   y = Conv (m, w)
 }
 )");
-    CHECK(refusal(*perChannel, "scale-fold", "Mul_0").code == "mul-may-broadcast-input");
+    CHECK(refusal(*perChannel, "scale-fold", "Mul_0").code == reason::kMulMayBroadcastInput);
     // A scalar cannot spread anything, so it folds without knowing C.
     auto scalarUnknownC = parseModel(R"(<ir_version: 8, opset_import: ["" : 13]>
 g (float[N,C,4,4] x) => (float[N,2,4,4] y)
@@ -453,7 +453,7 @@ g (float[1,3,4,4] x) => (float[1,2,4,4] y, float[1,2,4,4] z)
   z = Conv (m, w)
 }
 )");
-    CHECK(refusal(*model, "scale-fold", "Mul_0").code == "no-foldable-layer");
+    CHECK(refusal(*model, "scale-fold", "Mul_0").code == reason::kNoFoldableLayer);
   }
   SECTION("the Conv output is also read elsewhere") {
     auto model = parseModel(R"(<ir_version: 8, opset_import: ["" : 13]>
@@ -465,7 +465,7 @@ g (float[1,3,4,4] x) => (float[1,2,4,4] y, float[1,2,4,4] r)
   r = Sigmoid (conv)
 }
 )");
-    CHECK(refusal(*model, "scale-fold", "Mul_0").code == "layer-has-other-consumers");
+    CHECK(refusal(*model, "scale-fold", "Mul_0").code == reason::kLayerHasOtherConsumers);
   }
   SECTION("a weight fed at run time") {
     auto model = parseModel(R"(<ir_version: 8, opset_import: ["" : 13]>
@@ -476,7 +476,7 @@ g (float[1,3,4,4] x, float[2,3,1,1] w) => (float[1,2,4,4] y)
   y = Mul (conv, k)
 }
 )");
-    CHECK(refusal(*model, "scale-fold", "Mul_0").code == "params-not-constant");
+    CHECK(refusal(*model, "scale-fold", "Mul_0").code == reason::kParamsNotConstant);
   }
   SECTION("a kept layer") {
     auto model = parseModel(R"(<ir_version: 8, opset_import: ["" : 13]>
@@ -489,7 +489,7 @@ g (float[1,3,4,4] x) => (float[1,2,4,4] y)
 )");
     RuleOptions options;
     options.keepNodes = {"Conv_0"};
-    CHECK(refusal(*model, "scale-fold", "Mul_0", options).code == "kept-by-user");
+    CHECK(refusal(*model, "scale-fold", "Mul_0", options).code == reason::kKeptByUser);
     applyRules(*model, {"scale-fold"}, options);
     CHECK(opSequence(model->graph()) == "Conv,Mul");
   }

@@ -23,7 +23,7 @@ class Report {
  public:
   Report();
   /// Version of the report format; bumped when a field changes meaning or disappears.
-  static constexpr int kFormatVersion = 1;
+  static constexpr int kFormatVersion = 2;
 
   void setInput(const std::string& path) { doc_["input"] = path; }
   void setOutput(const std::string& path) { doc_["output"] = path; }

@@ -4,22 +4,22 @@
 /// and either returns what it found or a reason code, and a `rewrite` that cannot fail. Every fallible check
 /// belongs in `match`, so a rule never gives up half-way through changing a graph.
 
-#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "bnfold/ir/model.h"
+#include "bnfold/report/reason_codes.h"
 
 namespace bnfold {
 
 class Rewriter;
 class ConstantEvaluator;
 
-/// Why a rule did not apply: a short machine-readable code (e.g. "params-not-constant") and a sentence.
+/// Why a rule did not apply: a code from the closed list (bnfold/report/reason_codes.h) and a sentence.
 struct MatchFailure {
-  std::string code;
+  ReasonCode code;
   std::string message;
 };
 
@@ -30,9 +30,9 @@ struct Match {
 
 class MatchResult {
  public:
-  static MatchResult failure(std::string code, std::string message) {
+  static MatchResult failure(ReasonCode code, std::string message) {
     MatchResult result;
-    result.failure_ = {std::move(code), std::move(message)};
+    result.failure_ = {code, std::move(message)};
     return result;
   }
   template <typename M>
@@ -48,6 +48,12 @@ class MatchResult {
  private:
   std::unique_ptr<Match> match_;
   MatchFailure failure_;
+};
+
+/// Versions of one ONNX op (the since_version of each of its schemas), ascending.
+struct OpVersions {
+  std::string op;
+  std::vector<int64_t> versions;
 };
 
 /// Options the user sets that rules consult.
@@ -102,8 +108,10 @@ class Rule {
   virtual const char* summary() const = 0;
   /// Op types (standard ONNX domain) this rule is rooted at.
   virtual std::vector<std::string> rootOps() const = 0;
-  virtual int64_t minOpset() const { return 1; }
-  virtual int64_t maxOpset() const { return INT64_MAX; }
+  /// Every standard-domain op the rule reads or writes, with the versions (since_version) it was written for.
+  /// The driver leaves a model alone, with reason unsupported-opset, when its opset puts any of these ops at
+  /// another version, or is newer than bnfold knows: a new version may mean something else.
+  virtual std::vector<OpVersions> opVersions() const = 0;
   virtual bool enabledByDefault() const { return true; }
 
   /// Inspects `root` without changing anything.

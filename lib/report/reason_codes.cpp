@@ -1,0 +1,74 @@
+#include "bnfold/report/reason_codes.h"
+
+namespace bnfold {
+
+const std::vector<ReasonCodeInfo>& reasonCodes() {
+  using namespace reason;
+  static const std::vector<ReasonCodeInfo> codes = {
+      {kBnHasOtherConsumers, "the BN's output is read by more than the one layer it would fold into (bn-forward)"},
+      {kChannelAxisMismatch, "the BN's channel axis is not the layer's output-channel (or input-channel) axis"},
+      {kConstantTooLarge, "a constant chain's evaluation would exceed --max-constant-size"},
+      {kEmptyStatistics, "a training-mode BN with empty mean/var has no running statistics to freeze with"},
+      {kFreezeNotRequested, "training-mode BN is frozen only with --freeze-train-bn"},
+      {kInvalidVariance, "var + epsilon is zero or negative, so the BN divides by zero or a complex number"},
+      {kKeptByUser, "--keep/--keep-op protects the node"},
+      {kLayerHasNoBias, "the layer has no bias input and the Add cannot become one (e.g. MatMul of rank > 2)"},
+      {kLayerHasOtherConsumers, "the layer's output is read elsewhere too, or is a graph output"},
+      {kLayerInOtherGraph, "the layer and the BN (or Add, Mul) are in different graphs (a subgraph and its parent)"},
+      {kLayerKeptByUser, "--keep/--keep-op protects the layer (or a Constant holding its weights)"},
+      {kLayerPadsInput, "the layer pads its input, so a shift applied before it would reach the padding (bn-forward)"},
+      {kMissingInput, "a required input is omitted"},
+      {kMissingOutput, "the output is omitted"},
+      {kMulMayBroadcastInput, "the Mul could broadcast the layer's output to a bigger shape"},
+      {kNoFoldableConsumer, "the BN's output is not read by a Conv, Gemm or MatMul it could fold into (bn-forward)"},
+      {kNoFoldableLayer, "no Conv, ConvTranspose, Gemm or MatMul produces the Add's or Mul's input"},
+      {kNoFoldableProducer, "no Conv, ConvTranspose, Gemm or MatMul produces the BN's input (e.g. a Relu between)"},
+      {kNoRuleEnabled, "no enabled rule handles BatchNormalization (--rules)"},
+      {kNonFiniteParams, "a BN parameter holds NaN or infinity"},
+      {kNonSpatialTraining, "spatial=0 in training mode (statistics per element) is not expanded"},
+      {kNotPerChannel, "the constant does not broadcast as one value per output channel"},
+      {kNotTrainingMode, "the BN is in inference mode, which this rule does not handle"},
+      {kOperandNotConstant, "neither operand of the Mul is a constant"},
+      {kOptionalOutputsUsed, "the BN's optional outputs (running or saved statistics) are read"},
+      {kParamKeptByUser, "--keep/--keep-op protects a Constant holding a BN parameter"},
+      {kParamShapeMismatch, "a parameter's shape does not match the channel count"},
+      {kParamsNotConstant, "a BN parameter (or the Add's or Mul's constant) is computed at run time"},
+      {kParamsOverridable, "a parameter is an initializer that is also a graph input (IR >= 4); see --input-defaults"},
+      {kQuantizedWeights, "a weight is computed by DequantizeLinear: quantized weights are not folded into"},
+      {kRankTooLow, "the BN's input has rank below 2, where BatchNormalization needs [N, C, ...]"},
+      {kRankUnknown, "the rank (or a needed dim) of a tensor on the path is not known"},
+      {kRunningStatsUndefined, "mean/var are empty, yet the running statistics computed from them are read"},
+      {kSavedStatisticsRead, "saved_mean/saved_var are read, which an inference-mode BN does not compute"},
+      {kSpatialParamsVary, "spatial=0 parameters vary within a channel, which one weight per channel cannot hold"},
+      {kTrainingMode, "the BN normalizes with batch statistics (training mode)"},
+      {kTypeUnknown, "an element type the rule needs is not known"},
+      {kUnexpectedOutput, "the BN declares an output its opset does not have"},
+      {kUnsupportedBiasShape, "the layer's bias does not fit its output channels"},
+      {kUnsupportedOpset, "the model's opset (or an op's version) is outside what the rule knows"},
+      {kUnsupportedType, "an element type other than float, double, float16 or bfloat16"},
+      {kUnsupportedWeightShape, "the layer's weight does not fit the layer (e.g. its group count)"},
+      {kWeightsNotConstant, "the layer's weight or bias is computed at run time"},
+  };
+  return codes;
+}
+
+const std::vector<RetiredReasonCode>& retiredReasonCodes() {
+  static const std::vector<RetiredReasonCode> retired = {
+      {"bad-param-shape", reason::kParamShapeMismatch, 1},
+      {"bad-rank", reason::kRankTooLow, 1},
+      {"layer-in-outer-graph", reason::kLayerInOtherGraph, 1},
+      {"unknown-rank", reason::kRankUnknown, 1},
+      {"unknown-type", reason::kTypeUnknown, 1},
+  };
+  return retired;
+}
+
+std::optional<ReasonCode> findReasonCode(std::string_view spelling) {
+  for (const ReasonCodeInfo& info : reasonCodes())
+    if (spelling == info.code.str()) return info.code;
+  for (const RetiredReasonCode& old : retiredReasonCodes())
+    if (spelling == old.spelling) return old.current;
+  return std::nullopt;
+}
+
+}  // namespace bnfold

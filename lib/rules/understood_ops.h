@@ -1,0 +1,55 @@
+#pragma once
+// The op versions the code in this folder was written for and is tested at, for Rule::opVersions. Deliberately
+// a list of its own, not lib/rewrite/op_versions' table of what ONNX has: when a new opset brings a new version
+// of one of these ops, the table grows and the rules refuse it (unsupported-opset) until someone has read the new
+// version's semantics and added it here.
+
+#include <vector>
+
+#include "bnfold/rewrite/rule.h"
+
+namespace bnfold::rules {
+
+// Every version through opset 27: later versions of these ops only added element types.
+inline const OpVersions kBatchNormalization{"BatchNormalization", {1, 6, 7, 9, 14, 15}};
+inline const OpVersions kConv{"Conv", {1, 11, 22}};
+inline const OpVersions kConvTranspose{"ConvTranspose", {1, 11, 22}};
+inline const OpVersions kGemm{"Gemm", {1, 6, 7, 9, 11, 13}};
+inline const OpVersions kMatMul{"MatMul", {1, 9, 13}};
+inline const OpVersions kConstant{"Constant", {1, 9, 11, 12, 13, 19, 21, 23, 24, 25}};
+inline const OpVersions kConcat{"Concat", {1, 4, 11, 13}};
+inline const OpVersions kIdentity{"Identity", {1, 13, 14, 16, 19, 21, 23, 24, 25}};
+inline const OpVersions kTranspose{"Transpose", {1, 13, 21, 23, 24, 25}};
+inline const OpVersions kReshape{"Reshape", {1, 5, 13, 14, 19, 21, 23, 24, 25}};
+inline const OpVersions kFlatten{"Flatten", {1, 9, 11, 13, 21, 23, 24, 25}};
+inline const OpVersions kSqueeze{"Squeeze", {1, 11, 13, 21, 23, 24, 25}};
+inline const OpVersions kUnsqueeze{"Unsqueeze", {1, 11, 13, 21, 23, 24, 25}};
+inline const OpVersions kReduceMean{"ReduceMean", {1, 11, 13, 18}};
+inline const OpVersions kCast{"Cast", {1, 6, 9, 13, 19, 21, 23, 24, 25}};
+inline const OpVersions kSqrt{"Sqrt", {1, 6, 13}};
+inline const OpVersions kReciprocal{"Reciprocal", {1, 6, 13}};
+// Arithmetic: versions 1 and 6 broadcast only with the `broadcast`/`axis` attributes, which rules emitting these
+// ops write; rules that read an Add or Mul as numpy-broadcast take versions 7 and later only.
+inline const OpVersions kAdd{"Add", {1, 6, 7, 13, 14}};
+inline const OpVersions kSub{"Sub", {1, 6, 7, 13, 14}};
+inline const OpVersions kMul{"Mul", {1, 6, 7, 13, 14}};
+inline const OpVersions kDiv{"Div", {1, 6, 7, 13, 14}};
+inline const OpVersions kAddNumpyBroadcast{"Add", {7, 13, 14}};
+inline const OpVersions kMulNumpyBroadcast{"Mul", {7, 13, 14}};
+
+/// What readAffineLayer reads: the layer ops, and Constant nodes holding weights.
+inline std::vector<OpVersions> layerOps() { return {kConv, kConvTranspose, kGemm, kMatMul, kConstant}; }
+/// What findLayoutPath looks through.
+inline std::vector<OpVersions> layoutOps() { return {kIdentity, kTranspose, kReshape, kFlatten, kSqueeze, kUnsqueeze}; }
+
+/// `a` followed by the entries of `b` whose op is not in `a` yet.
+inline std::vector<OpVersions> joinOps(std::vector<OpVersions> a, const std::vector<OpVersions>& b) {
+  for (const OpVersions& op : b) {
+    bool present = false;
+    for (const OpVersions& have : a) present = present || have.op == op.op;
+    if (!present) a.push_back(op);
+  }
+  return a;
+}
+
+}  // namespace bnfold::rules
