@@ -108,7 +108,8 @@ class Rule {
   virtual const char* summary() const = 0;
   /// Op types (standard ONNX domain) this rule is rooted at.
   virtual std::vector<std::string> rootOps() const = 0;
-  /// Every standard-domain op the rule reads or writes, with the versions (since_version) it was written for.
+  /// Every standard-domain op the rule matches, folds into, looks through or emits, with the versions
+  /// (since_version) it was written for.
   /// The driver leaves a model alone, with reason unsupported-opset, when its opset puts any of these ops at
   /// another version, or is newer than bnfold knows: a new version may mean something else.
   virtual std::vector<OpVersions> opVersions() const = 0;
