@@ -219,10 +219,6 @@ std::optional<int64_t> applyInt(const std::string& op, int64_t a, int64_t b) {
   return std::min(a, b);  // Min
 }
 
-}  // namespace
-
-namespace {
-
 /// The versions of each op in opTable() that evaluation was written for (see lib/rewrite/op_versions.h).
 std::vector<OpVersions> understoodVersions(const std::string& op) {
   static const std::vector<OpVersions> understood = {
