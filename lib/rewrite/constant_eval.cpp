@@ -382,7 +382,8 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
   }
   nodes.push_back(&node);
   auto input = [&](std::size_t i) -> const Result* { return i < inputs.size() ? inputs[i].get() : nullptr; };
-  if (!input(0) && op != "Concat") return unsupported("has no first input");
+  // Every op here reads input 0 (Concat's first operand gives the type and rank), so an omitted one ends it.
+  if (!input(0)) return unsupported("has no first input");
 
   // Every computed op checks its output's size before allocating it.
   const int64_t limit = context_.options().maxConstantBytes;
@@ -413,7 +414,7 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
     return in->intValues();
   };
 
-  const Result& x = *(input(0) ? input(0) : input(1));
+  const Result& x = *input(0);
   const OpKind kind = opTable().at(op);
   switch (kind) {
     case OpKind::View: {
@@ -609,7 +610,6 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
     }
     case OpKind::Concat: {
       const Result* first = input(0);
-      if (!first) return unsupported("has an omitted input");
       const auto rank = static_cast<int64_t>(first->dims.size());
       const int64_t axis = normalizedAxis(node.attributeInt("axis", 0), rank);
       if (axis < 0 || axis >= rank) return unsupported("has an invalid axis");

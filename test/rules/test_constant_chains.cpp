@@ -297,6 +297,12 @@ TEST_CASE("constant chains: conditions that stop the evaluation, each with its r
                          "  v = Relu (v0)\n"),
                   "params-not-constant");
   }
+  SECTION("a Concat without inputs (found by the graph fuzzer: it read a null first operand)") {
+    expectSkipped(convBn(std::string(kPlainWeight) + ", float[2] s = {1.5, -0.5}, float[2] b = {0.25, -1},"
+                                                     " float[2] m = {0.125, -0.375}",
+                         "  v = Concat <axis = 0> ()\n"),
+                  "params-not-constant");
+  }
   SECTION("a node of the chain kept by the user") {
     RuleOptions options;
     options.keepNodes = {"keepme"};
