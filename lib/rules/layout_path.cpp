@@ -101,16 +101,20 @@ std::optional<AxisState> transposeStep(const Node& node, const AxisState& in, in
 std::optional<AxisState> unsqueezeStep(const Node& node, const AxisState& in, int64_t, const RuleContext& context,
                                        MatchFailure* whyNot) {
   auto axes = intsOperand(node, 1, "axes", context);
-  const auto rank = static_cast<int64_t>(in.dims.size() + (axes ? axes->size() : 0));
-  std::vector<bool> inserted(static_cast<std::size_t>(std::max<int64_t>(rank, 0)), false);
-  for (int64_t a : axes ? *axes : std::vector<int64_t>{}) {
-    a = a < 0 ? a + rank : a;
-    if (a < 0 || a >= rank) axes.reset();
-    else inserted[static_cast<std::size_t>(a)] = true;
-  }
   if (!axes || axes->empty()) {
     *whyNot = {reason::kRankUnknown, "the axes of " + describe(node) + " are not known constants"};
     return std::nullopt;
+  }
+  const auto rank = static_cast<int64_t>(in.dims.size() + axes->size());
+  std::vector<bool> inserted(static_cast<std::size_t>(rank), false);
+  for (int64_t a : *axes) {
+    a = a < 0 ? a + rank : a;
+    // A repeated axis would leave fewer input dims than the output has places for (the model is invalid too).
+    if (a < 0 || a >= rank || inserted[static_cast<std::size_t>(a)]) {
+      *whyNot = {reason::kChannelAxisMismatch, describe(node) + " has an invalid or repeated axis"};
+      return std::nullopt;
+    }
+    inserted[static_cast<std::size_t>(a)] = true;
   }
   AxisState out{{}, -1};
   int64_t next = 0;

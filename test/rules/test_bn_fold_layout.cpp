@@ -71,6 +71,15 @@ TEST_CASE("bn-fold layout: old PyTorch's Gemm -> Unsqueeze -> BN -> Squeeze", "[
   }
 }
 
+TEST_CASE("bn-fold layout: an Unsqueeze with a repeated axis is not followed", "[bn-fold][layout]") {
+  // Found by the graph fuzzer: the repeated axis made the path read past the input's dims.
+  expectSkipped(header(9) + "g (float[4,3] x) => (float[4,5,1,1] y)\n<" + weights("w", {5, 3}, 1) + ", " +
+                    weights("bias", {5}, 2) + ", " + params(5, 3) +
+                    ">\n{\n  c = Gemm <transB = 1> (x, w, bias)\n  u = Unsqueeze <axes = [2, 2]> (c)\n"
+                    "  y = BatchNormalization <epsilon = 0.001> (u, s, b, m, v)\n}\n",
+                "channel-axis-mismatch");
+}
+
 TEST_CASE("bn-fold layout: MatMul -> Reshape -> BN becomes a Gemm with the bias", "[bn-fold][layout]") {
   SECTION("static batch") {
     auto model = parseModel(header(13) + "g (float[4,3] x) => (float[4,2,1,1] y)\n<" + weights("w", {3, 2}, 4) + ", " +
