@@ -1,5 +1,6 @@
 #include "constant_eval.h"
 #include "op_versions.h"
+#include "understood_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -219,21 +220,11 @@ std::optional<int64_t> applyInt(const std::string& op, int64_t a, int64_t b) {
   return std::min(a, b);  // Min
 }
 
-/// The versions of each op in opTable() that evaluation was written for (see lib/rewrite/op_versions.h).
+/// The versions of each op in opTable() that evaluation was written for (understood_ops.h).
 std::vector<OpVersions> understoodVersions(const std::string& op) {
   static const std::vector<OpVersions> understood = {
-      {"Identity", {1, 13, 14, 16, 19, 21, 23, 24, 25}}, {"Reshape", {1, 5, 13, 14, 19, 21, 23, 24, 25}},
-      {"Squeeze", {1, 11, 13, 21, 23, 24, 25}},          {"Unsqueeze", {1, 11, 13, 21, 23, 24, 25}},
-      {"Flatten", {1, 9, 11, 13, 21, 23, 24, 25}},       {"Sqrt", {1, 6, 13}},
-      {"Reciprocal", {1, 6, 13}},                        {"Neg", {1, 6, 13}},
-      {"Add", {1, 6, 7, 13, 14}},                        {"Sub", {1, 6, 7, 13, 14}},
-      {"Mul", {1, 6, 7, 13, 14}},                        {"Div", {1, 6, 7, 13, 14}},
-      {"Pow", {1, 7, 12, 13, 15}},                       {"Max", {1, 6, 8, 12, 13}},
-      {"Min", {1, 6, 8, 12, 13}},                        {"Cast", {1, 6, 9, 13, 19, 21, 23, 24, 25}},
-      {"Transpose", {1, 13, 21, 23, 24, 25}},            {"Concat", {1, 4, 11, 13}},
-      {"Slice", {1, 10, 11, 13}},                        {"Gather", {1, 11, 13}},
-      {"Expand", {8, 13}},                               {"ConstantOfShape", {9, 20, 21, 23, 24, 25}},
-  };
+      kIdentity, kReshape, kSqueeze, kUnsqueeze, kFlatten, kSqrt, kReciprocal, kNeg, kAdd, kSub, kMul, kDiv,
+      kPow, kMax, kMin, kCast, kTranspose, kConcat, kSlice, kGather, kExpand, kConstantOfShape};
   for (const OpVersions& entry : understood)
     if (entry.op == op) return {entry};
   return {};

@@ -13,7 +13,7 @@
 #include "affine_layer.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "rules.h"
-#include "understood_ops.h"
+#include "rewrite/understood_ops.h"
 
 namespace bnfold::rules {
 namespace {
@@ -33,7 +33,9 @@ class AbsorbAddIntoBias final : public Rule {
     return "Add of a per-channel constant after Conv/ConvTranspose/Gemm/MatMul becomes the layer's bias";
   }
   std::vector<std::string> rootOps() const override { return {"Add"}; }
-  std::vector<OpVersions> opVersions() const override { return joinOps({kAddNumpyBroadcast}, joinOps(layerOps(), layoutOps())); }
+  std::vector<OpVersions> opVersions() const override {
+    return joinOps({kAddNumpyBroadcast}, joinOps(layerOps(), layoutOps()));
+  }
 
   MatchResult match(const Node& add, const RuleContext& context) const override {
     const int layerSlot = layerOperandSlot(add, context);

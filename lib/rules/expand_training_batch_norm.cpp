@@ -21,7 +21,7 @@
 #include "bnfold/rewrite/rewriter.h"
 #include "opset_emit.h"
 #include "rules.h"
-#include "understood_ops.h"
+#include "rewrite/understood_ops.h"
 #include "value_shape.h"
 #include "rewrite/op_versions.h"
 
@@ -88,7 +88,10 @@ class ExpandTrainingBatchNorm : public Rule {
     return "Expand training-mode BatchNormalization into ReduceMean/Sub/Mul/Sqrt/Div/Add (batch statistics)";
   }
   std::vector<std::string> rootOps() const override { return {"BatchNormalization"}; }
-  std::vector<OpVersions> opVersions() const override { return {kBatchNormalization, kReduceMean, kSub, kMul, kAdd, kDiv, kSqrt, kReciprocal, kCast, kIdentity, kSqueeze, kUnsqueeze, kReshape}; }
+  std::vector<OpVersions> opVersions() const override {
+    return {kBatchNormalization, kReduceMean, kSub, kMul, kAdd, kDiv, kSqrt,
+            kReciprocal, kCast, kIdentity, kSqueeze, kUnsqueeze, kReshape};
+  }
 
   MatchResult match(const Node& bn, const RuleContext& context) const override {
     auto found = std::make_unique<TrainingBatchNormMatch>();

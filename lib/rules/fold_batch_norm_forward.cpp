@@ -24,7 +24,7 @@
 #include "kernels/forward_fold_math.h"
 #include "opset_emit.h"
 #include "rules.h"
-#include "understood_ops.h"
+#include "rewrite/understood_ops.h"
 #include "value_shape.h"
 #include "rewrite/op_versions.h"
 
@@ -73,7 +73,9 @@ class FoldBatchNormForward final : public Rule {
     return "Fold inference-mode BatchNormalization into the Conv or Gemm that follows it (exact cases only)";
   }
   std::vector<std::string> rootOps() const override { return {"BatchNormalization"}; }
-  std::vector<OpVersions> opVersions() const override { return joinOps({kBatchNormalization}, joinOps(layerOps(), layoutOps())); }
+  std::vector<OpVersions> opVersions() const override {
+    return joinOps({kBatchNormalization}, joinOps(layerOps(), layoutOps()));
+  }
 
   MatchResult match(const Node& bn, const RuleContext& context) const override {
     const Value* y = bn.output(0);

@@ -27,7 +27,7 @@
 #include "layout_path.h"
 #include "opset_emit.h"
 #include "rules.h"
-#include "understood_ops.h"
+#include "rewrite/understood_ops.h"
 #include "value_shape.h"
 #include "rewrite/op_versions.h"
 
@@ -93,7 +93,9 @@ class FoldBatchNormIntoLayer final : public Rule {
     return "Fold inference-mode BatchNormalization into the preceding Conv, ConvTranspose, Gemm or MatMul";
   }
   std::vector<std::string> rootOps() const override { return {"BatchNormalization"}; }
-  std::vector<OpVersions> opVersions() const override { return joinOps({kBatchNormalization, kConcat, kAdd}, joinOps(layerOps(), layoutOps())); }
+  std::vector<OpVersions> opVersions() const override {
+    return joinOps({kBatchNormalization, kConcat, kAdd}, joinOps(layerOps(), layoutOps()));
+  }
 
   MatchResult match(const Node& bn, const RuleContext& context) const override {
     // Training mode first: it is the reason whatever precedes the BN.

@@ -17,7 +17,7 @@
 #include "affine_layer.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "rules.h"
-#include "understood_ops.h"
+#include "rewrite/understood_ops.h"
 #include "value_shape.h"
 
 namespace bnfold::rules {
@@ -40,7 +40,9 @@ class FoldScaleIntoWeights final : public Rule {
            "folded into its weights";
   }
   std::vector<std::string> rootOps() const override { return {"Mul"}; }
-  std::vector<OpVersions> opVersions() const override { return joinOps({kMulNumpyBroadcast}, joinOps(layerOps(), layoutOps())); }
+  std::vector<OpVersions> opVersions() const override {
+    return joinOps({kMulNumpyBroadcast}, joinOps(layerOps(), layoutOps()));
+  }
   // Before opset 7 Mul broadcasts with `broadcast`/`axis` attributes instead of numpy rules.
 
   MatchResult match(const Node& mul, const RuleContext& context) const override {

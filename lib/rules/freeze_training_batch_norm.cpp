@@ -13,7 +13,7 @@
 #include "bnfold/rewrite/rewriter.h"
 #include "opset_emit.h"
 #include "rules.h"
-#include "understood_ops.h"
+#include "rewrite/understood_ops.h"
 #include "rewrite/op_versions.h"
 
 namespace bnfold::rules {

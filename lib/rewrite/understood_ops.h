@@ -1,6 +1,6 @@
 #pragma once
-// The op versions the code in this folder was written for and is tested at, for Rule::opVersions. Deliberately
-// a list of its own, not lib/rewrite/op_versions' table of what ONNX has: when a new opset brings a new version
+// The op versions bnfold's rules and its constant evaluation were written for and are tested at (Rule::opVersions,
+// constant_eval.cpp). Deliberately a list of its own, not op_versions.h's table of what ONNX has: when a new opset brings a new version
 // of one of these ops, the table grows and the rules refuse it (unsupported-opset) until someone has read the new
 // version's semantics and added it here.
 
@@ -8,7 +8,7 @@
 
 #include "bnfold/rewrite/rule.h"
 
-namespace bnfold::rules {
+namespace bnfold {
 
 // Every version through opset 27: later versions of these ops only added element types.
 inline const OpVersions kBatchNormalization{"BatchNormalization", {1, 6, 7, 9, 14, 15}};
@@ -28,6 +28,14 @@ inline const OpVersions kReduceMean{"ReduceMean", {1, 11, 13, 18}};
 inline const OpVersions kCast{"Cast", {1, 6, 9, 13, 19, 21, 23, 24, 25}};
 inline const OpVersions kSqrt{"Sqrt", {1, 6, 13}};
 inline const OpVersions kReciprocal{"Reciprocal", {1, 6, 13}};
+inline const OpVersions kNeg{"Neg", {1, 6, 13}};
+inline const OpVersions kPow{"Pow", {1, 7, 12, 13, 15}};
+inline const OpVersions kMax{"Max", {1, 6, 8, 12, 13}};
+inline const OpVersions kMin{"Min", {1, 6, 8, 12, 13}};
+inline const OpVersions kSlice{"Slice", {1, 10, 11, 13}};
+inline const OpVersions kGather{"Gather", {1, 11, 13}};
+inline const OpVersions kExpand{"Expand", {8, 13}};
+inline const OpVersions kConstantOfShape{"ConstantOfShape", {9, 20, 21, 23, 24, 25}};
 // Arithmetic: versions 1 and 6 broadcast only with the `broadcast`/`axis` attributes, which rules emitting these
 // ops write; rules that read an Add or Mul as numpy-broadcast take versions 7 and later only.
 inline const OpVersions kAdd{"Add", {1, 6, 7, 13, 14}};
@@ -40,7 +48,9 @@ inline const OpVersions kMulNumpyBroadcast{"Mul", {7, 13, 14}};
 /// What readAffineLayer reads: the layer ops, and Constant nodes holding weights.
 inline std::vector<OpVersions> layerOps() { return {kConv, kConvTranspose, kGemm, kMatMul, kConstant}; }
 /// What findLayoutPath looks through.
-inline std::vector<OpVersions> layoutOps() { return {kIdentity, kTranspose, kReshape, kFlatten, kSqueeze, kUnsqueeze}; }
+inline std::vector<OpVersions> layoutOps() {
+  return {kIdentity, kTranspose, kReshape, kFlatten, kSqueeze, kUnsqueeze};
+}
 
 /// `a` followed by the entries of `b` whose op is not in `a` yet.
 inline std::vector<OpVersions> joinOps(std::vector<OpVersions> a, const std::vector<OpVersions>& b) {
@@ -52,4 +62,4 @@ inline std::vector<OpVersions> joinOps(std::vector<OpVersions> a, const std::vec
   return a;
 }
 
-}  // namespace bnfold::rules
+}  // namespace bnfold
