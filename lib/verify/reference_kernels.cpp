@@ -276,10 +276,11 @@ Array<T> conv(const Array<T>& x, const Array<T>& w, const Array<T>* bias, const 
     const int64_t in = inSpatial[d], stride = s.strides[d];
     const int64_t reach = addChecked(mulChecked(s.kernel[d] - 1, s.dilations[d], "Conv"), 1, "Conv");
     if (a.autoPad == "SAME_UPPER" || a.autoPad == "SAME_LOWER") {
-      // As ORT (and the spec): the total may come out negative when the stride exceeds the kernel's reach; the
-      // negative head pad then skips input. C++ division truncates, exactly as ORT computes it.
+      // The spec's total can come out negative when the stride exceeds the kernel's reach; ORT 1.30 clamps it to
+      // 0 (checked by the ORT table: a head pad of -1 would shift every window by one).
       const int64_t target = addChecked(in, stride - 1, "Conv") / stride;
-      const int64_t total = addChecked(mulChecked(target - 1, stride, "Conv"), reach - in, "Conv");
+      const int64_t total =
+          std::max<int64_t>(0, addChecked(mulChecked(target - 1, stride, "Conv"), reach - in, "Conv"));
       padBegin[d] = a.autoPad == "SAME_LOWER" ? (total + 1) / 2 : total / 2;
       const int64_t padEnd = total - padBegin[d];
       outSpatial[d] = (in + padBegin[d] + padEnd - reach) / stride + 1;
@@ -358,15 +359,16 @@ TransposePads convTransposePads(int64_t inputSize, int64_t kernel, int64_t strid
   const int64_t reach = addChecked(mulChecked(kernel - 1, dilation, what), 1, what);
   const int64_t natural =
       addChecked(addChecked(mulChecked(inputSize - 1, stride, what), outputPadding, what), reach, what);
-  // ORT 1.30 (conv_transpose_attributes.h, DistributePadding): an odd total pad puts the extra one at the
-  // beginning for SAME_UPPER and at the end otherwise (NOTSET, SAME_LOWER, VALID).
+  // As ORT 1.30 computes it (checked by the ORT table test): an odd total pad puts the extra one at the end for
+  // SAME_UPPER and at the beginning otherwise (NOTSET, SAME_LOWER, VALID). Older ORT releases split it the
+  // other way round.
   auto split = [&](int64_t total, TransposePads& p) {
     if (autoPad == "SAME_UPPER") {
-      p.begin = total - total / 2;
-      p.end = total / 2;
-    } else {
       p.begin = total / 2;
       p.end = total - total / 2;
+    } else {
+      p.begin = total - total / 2;
+      p.end = total / 2;
     }
   };
   TransposePads p;

@@ -44,7 +44,8 @@ struct ConvAttributes {
 
 /// Conv: x `[N, C, D1..Dn]`, w `[M, C/group, k1..kn]`, bias `[M]` or null; n >= 1.
 /// auto_pad SAME_*: output ceil(D / stride), total pad max(0, (out-1)*stride + (k-1)*dilation + 1 - D), the odd
-/// one at the end (SAME_UPPER) or the beginning (SAME_LOWER); explicit pads must then be absent or zero.
+/// one at the end (SAME_UPPER) or the beginning (SAME_LOWER); explicit pads must then be absent or zero. (ORT 1.30
+/// refuses SAME_* with a dilation other than 1; we compute the spec's formula for it.)
 template <typename T>
 Array<T> conv(const Array<T>& x, const Array<T>& w, const Array<T>* bias, const ConvAttributes& a);
 
@@ -52,8 +53,10 @@ Array<T> conv(const Array<T>& x, const Array<T>& w, const Array<T>* bias, const 
 /// Output size per axis: (D-1)*stride + output_padding + (k-1)*dilation + 1 - pad_begin - pad_end. As in ORT:
 /// - output_shape (spatial dims, or N, C and the spatial dims) replaces the explicit pads: the total pad is
 ///   max(0, natural size - output_shape) and is split as for auto_pad below (NOTSET and VALID split like
-///   SAME_LOWER). Output positions beyond what the input reaches hold the bias only.
-/// - auto_pad SAME_UPPER / SAME_LOWER pad until the output is D*stride; see convTransposePads for the split.
+///   SAME_LOWER: the extra one at the beginning). Output positions beyond what the input reaches hold the bias
+///   only. ORT's shape inference refuses the N, C, spatial form at load; its kernel, and ours, accept it.
+/// - auto_pad SAME_UPPER / SAME_LOWER pad until the output is D*stride (total max(0, natural - D*stride)); an odd
+///   total puts the extra one at the end for SAME_UPPER, at the beginning for SAME_LOWER (ORT 1.30, checked).
 /// - auto_pad VALID: no padding.
 template <typename T>
 Array<T> convTranspose(const Array<T>& x, const Array<T>& w, const Array<T>* bias, const ConvAttributes& a);

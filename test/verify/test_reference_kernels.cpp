@@ -90,13 +90,20 @@ TEST_CASE("convTranspose by hand: stride, pads, output_padding, output_shape", "
   a.outputPadding = {};
   a.pads = {1, 0};
   requireClose(v::convTranspose(x, w, nullptr, a), {1, 1, 4}, {1, 3, 2, 2});
-  // output_shape 4 replaces the pads: total 1, split as for NOTSET (extra one at the end).
+  // output_shape 4 replaces the pads: total 1, the extra one at the beginning (as ORT splits it for NOTSET).
   v::ConvAttributes shaped;
   shaped.strides = {2};
   shaped.outputShape = {4};
-  requireClose(v::convTranspose(x, w, nullptr, shaped), {1, 1, 4}, {1, 1, 3, 2});
+  requireClose(v::convTranspose(x, w, nullptr, shaped), {1, 1, 4}, {1, 3, 2, 2});
   shaped.outputShape = {1, 1, 4};  // the N, C, spatial form
-  requireClose(v::convTranspose(x, w, nullptr, shaped), {1, 1, 4}, {1, 1, 3, 2});
+  requireClose(v::convTranspose(x, w, nullptr, shaped), {1, 1, 4}, {1, 3, 2, 2});
+  // SAME_UPPER pads to D * stride = 4: total 1, the extra one at the end; SAME_LOWER at the beginning.
+  v::ConvAttributes same;
+  same.strides = {2};
+  same.autoPad = "SAME_UPPER";
+  requireClose(v::convTranspose(x, w, nullptr, same), {1, 1, 4}, {1, 1, 3, 2});
+  same.autoPad = "SAME_LOWER";
+  requireClose(v::convTranspose(x, w, nullptr, same), {1, 1, 4}, {1, 3, 2, 2});
   // Two output channels in two groups, with bias.
   const auto x2 = arr<float>({1, 2, 1}, {1, 2});
   const auto w2 = arr<float>({2, 1, 1}, {3, 4});
