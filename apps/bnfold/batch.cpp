@@ -30,6 +30,9 @@ void addRuleFlags(CLI::App& command, RuleFlags& flags) {
                      "constants (Identity, Cast, Reshape, Add(var, eps), ...)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  command.add_flag("--verify", flags.verify,
+                   "Check every rewrite numerically: evaluate the original and the rewritten nodes on seeded random "
+                   "inputs; a rewrite outside its tolerance fails the run (exit code 1, no model written)");
 }
 
 DriverOptions driverOptionsFrom(const RuleFlags& flags) {
@@ -44,6 +47,7 @@ DriverOptions driverOptionsFrom(const RuleFlags& flags) {
   options.ruleOptions.inputDefaultsAreConstant = flags.inputDefaultsAreConstant;
   options.ruleOptions.freezeTrainingBatchNorm = flags.freezeTrainingBatchNorm;
   options.ruleOptions.maxConstantBytes = static_cast<int64_t>(flags.maxConstantMiB * 1024 * 1024);
+  options.verify = flags.verify;
   return options;
 }
 

@@ -22,6 +22,7 @@ struct RuleFlags {
   bool inputDefaultsAreConstant = false;
   bool freezeTrainingBatchNorm = false;
   double maxConstantMiB = 64;  ///< --max-constant-size
+  bool verify = false;         ///< --verify
 };
 
 void addRuleFlags(CLI::App& command, RuleFlags& flags);

@@ -2,6 +2,7 @@
 // `bnfold fold IN... --out-dir DIR | --in-place`: the same for many models (files, and folders searched for
 // *.onnx), in parallel; one bad model does not stop the others.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
 #include "bnfold/io/atomic_file.h"
+#include "bnfold/report/findings.h"
 #include "bnfold/report/report.h"
 #include "bnfold/rewrite/driver.h"
 #include "commands.h"
@@ -152,6 +154,15 @@ int runSingle(const FoldOptions& options) {
   runRules(*model, driverOptions, report);
   noteInputDefaults(input, *model, report);
   clock.lap(times.rules);
+  if (const auto failures = failedVerifications(report); !failures.empty()) {
+    // A rewrite that does not compute what the original did is not written; the report shows all of them.
+    for (const Finding& failure : failures) std::cerr << "bnfold: " << input << ": " << failure.message << "\n";
+    if (options.report == "-") std::cout << report.dump();
+    else if (!options.report.empty()) report.write(options.report);
+    std::cerr << "bnfold: " << input << ": " << failures.size() << " of " << report.rewriteCount()
+              << " rewrites failed verification; no model written\n";
+    return kExitFindings;
+  }
   if (options.dryRun) {
     if (options.timings) printTimings("", times);
     std::cout << "dry-run " << input << " -> " << options.output << ": " << Counts::of(report).text()
@@ -187,6 +198,7 @@ struct Planned {
 
 struct Outcome {
   bool ok = false;
+  bool verifyFailed = false;  // a rewrite failed --verify: no model written, the report was
   bool unchanged = false;  // --in-place and no rule changed anything: the file was left alone
   std::string error;
   Counts counts;
@@ -246,6 +258,17 @@ Outcome foldOne(const Planned& item, const FoldOptions& options, const DriverOpt
     clock.lap(outcome.times.rules);
     noteInputDefaults(input, *model, report);
     outcome.counts = Counts::of(report);
+    if (const auto failures = failedVerifications(report); !failures.empty()) {
+      if (!item.report.empty() && !options.dryRun) {
+        fs::create_directories(fs::path(item.report).parent_path());
+        report.write(item.report);
+      }
+      outcome.verifyFailed = true;
+      outcome.error = failures.front().message +
+                      (failures.size() > 1 ? " (and " + std::to_string(failures.size() - 1) + " more)" : "") +
+                      "; no model written";
+      return outcome;
+    }
     // A model sorted on load is written back sorted, even when no rule changed it.
     outcome.unchanged = options.inPlace && report.rewriteCount() == 0 && model->reorderedGraphs().empty();
     if (!options.dryRun) {
@@ -280,6 +303,7 @@ Outcome foldOne(const Planned& item, const FoldOptions& options, const DriverOpt
     outcome.ok = true;
   } catch (...) {
     outcome.ok = false;
+    outcome.verifyFailed = false;
     outcome.error = currentErrorMessage(item.model.path);
   }
   return outcome;
@@ -340,7 +364,11 @@ int runBatch(const FoldOptions& options) {
   for (std::size_t i : failed)
     std::fprintf(stream, "failed: %s: %s\n", items[i].model.path.c_str(), outcomes[i].error.c_str());
   std::fflush(stream);
-  return failed.empty() ? kExitOk : kExitInvalid;
+  if (failed.empty()) return kExitOk;
+  // Only rewrites that failed --verify: exit code 1, as for one model; any unreadable or invalid model: 2.
+  const bool onlyVerifyFailures =
+      std::all_of(failed.begin(), failed.end(), [&](std::size_t i) { return outcomes[i].verifyFailed; });
+  return onlyVerifyFailures ? kExitFindings : kExitInvalid;
 }
 
 int runFold(const FoldOptions& options) {

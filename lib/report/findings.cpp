@@ -87,6 +87,38 @@ Finding rewriteFinding(const std::string& section, const nlohmann::json& entry) 
   return finding;
 }
 
+std::string numberText(const nlohmann::json& value) {
+  if (!value.is_number()) return value.is_string() ? value.get<std::string>() : "?";
+  std::ostringstream text;
+  text.precision(3);
+  text << value.get<double>();
+  return text.str();
+}
+
+// A rewrite whose "verify" object did not pass.
+Finding verifyFailedFinding(const std::string& section, const nlohmann::json& entry) {
+  Finding finding = rewriteFinding(section, entry);
+  finding.category = "verify-failed";
+  finding.severity = Severity::Error;
+  const nlohmann::json& verify = entry["verify"];
+  std::string what = finding.rule.empty() ? section : finding.rule;
+  what += " of " + (finding.op.empty() ? std::string("node") : finding.op) + " " + singleQuoted(finding.node);
+  for (const NamedField& field : kTargetFields) {
+    const std::string name = stringField(entry, field.field);
+    if (!name.empty()) {
+      what += " into " + singleQuoted(name);
+      break;
+    }
+  }
+  if (verify.contains("error") && verify["error"].is_string())
+    finding.message = what + " failed verification: " + verify["error"].get<std::string>();
+  else
+    finding.message = what + " failed verification: max relative error " + numberText(verify["max_rel_error"]) +
+                      " > tolerance " + numberText(verify["tolerance"]) + " (max absolute error " +
+                      numberText(verify["max_abs_error"]) + ")";
+  return finding;
+}
+
 // A graph whose nodes were not stored in topological order (sorted on load; fold writes it sorted).
 Finding reorderedFinding(const nlohmann::json& entry) {
   Finding finding;
@@ -146,6 +178,8 @@ const std::vector<FindingCategory>& findingCategories() {
       {"unsorted-graph", "a graph whose nodes are not stored in topological order (fold sorts them and says so)"},
       {"input-defaults", "BatchNormalization left only because its parameters are initializers that are also graph "
                          "inputs; one finding per model saying how many would fold with --input-defaults-are-constant"},
+      {"verify-failed", "a rewrite whose --verify check failed: the rewritten nodes do not compute what the original "
+                        "did (always fails, exit code 1)"},
       {"invalid-model", "the model cannot be read or is structurally invalid (always fails, exit code 2)"}};
   return categories;
 }
@@ -214,6 +248,18 @@ std::vector<Finding> findingsOf(Model& model, const Report& report, const std::s
   }
   for (Finding& finding : findings)
     finding.severity = failOn.count(finding.category) ? Severity::Error : Severity::Warning;
+  for (Finding& finding : failedVerifications(report)) findings.push_back(std::move(finding));
+  return findings;
+}
+
+std::vector<Finding> failedVerifications(const Report& report) {
+  std::vector<Finding> findings;
+  for (const auto& [section, entries] : report.json().items()) {
+    if (!entries.is_array() || section == "rules" || section == kReorderedSection) continue;
+    for (const auto& entry : entries)
+      if (entry.is_object() && entry.contains("verify") && !entry["verify"].value("passed", false))
+        findings.push_back(verifyFailedFinding(section, entry));
+  }
   return findings;
 }
 

@@ -11,6 +11,8 @@
 #include "bnfold/rewrite/rewriter.h"
 #include "constant_eval.h"
 #include "op_versions.h"
+#include "verify/region.h"
+#include "verify/verifier.h"
 
 namespace bnfold {
 
@@ -158,8 +160,11 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
       if (!opsetProblems.count(rule))
         opsetProblems[rule] = opsetProblem(rule->opVersions(), opset, "rule " + std::string(rule->name()));
   std::unordered_map<const Node*, std::vector<Failure>> failures;
+  verify::RegionRecorder recorder;
+  std::size_t verified = 0, verifyFailed = 0;
   {
     Rewriter rewriter(model, report);
+    if (options.verify || options.injectFaultForTesting) rewriter.setListener(&recorder);
     std::deque<Node*> worklist;
     std::unordered_set<Node*> queued;
     auto enqueue = [&](Node* node) {
@@ -202,11 +207,36 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
           throw std::runtime_error("rules did not reach a fixed point after " + std::to_string(options.maxRewrites) +
                                    " rewrites");
         rewriter.beginRule(rule);
+        recorder.begin();
         // Constants the match computed from chains become initializers first (the match holds their tensors).
         for (EvaluatedConstant& evaluated : context.constantEvaluator().takePending())
           rewriter.materializeConstant(evaluated.value, std::move(evaluated.tensor), evaluated.nodes);
         rule->rewrite(result.match(), rewriter);
+        if (options.injectFaultForTesting) options.injectFaultForTesting(rewriter, recorder.liveNodes());
         rewriter.beginRule(nullptr);
+        const auto recorded = rewriter.takeRecorded();
+        if (options.verify) {
+          nlohmann::json outcome;
+          try {
+            verify::VerifySettings settings;
+            settings.seed = options.verifySeed + rewrites;
+            settings.batchNormAsInference = rule->verifiesAgainstFrozenBatchNorm();
+            outcome = verify::verifyRegions(recorder.finish(model), settings);
+          } catch (const std::exception& e) {
+            outcome = {{"passed", false}, {"error", std::string("cannot be verified: ") + e.what()}};
+          }
+          ++verified;
+          if (!outcome.value("passed", false)) ++verifyFailed;
+          // The verdict goes on the rule's own entries; the constants it evaluated on the way are part of it.
+          bool attached = false;
+          for (const auto& [section, index] : recorded)
+            if (section != "evaluated") {
+              report.entry(section, index)["verify"] = outcome;
+              attached = true;
+            }
+          if (!attached)
+            for (const auto& [section, index] : recorded) report.entry(section, index)["verify"] = outcome;
+        }
         nodeFailures.clear();
         // Look again at what changed and at whatever reads it.
         for (Node* touched : rewriter.takeTouched()) {
@@ -219,8 +249,14 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
         break;
       }
     }
+    rewriter.setListener(nullptr);
     rewriter.finish();
   }
+  if (options.verify)
+    report.setVerification({{"rewrites", verified},
+                            {"passed", verified - verifyFailed},
+                            {"failed", verifyFailed},
+                            {"seed", options.verifySeed}});
   recordSkippedBatchNorms(model, context, failures, report);
 }
 

@@ -63,6 +63,7 @@ Node* Rewriter::createNode(const Node* anchor, const std::string& opType, const 
   }
   node->position_ = graph.nodes_.insert(anchor->position_, std::move(owned));
   touch(node);
+  if (listener_) listener_->nodeCreated(*node);
   return node;
 }
 
@@ -73,6 +74,7 @@ void Rewriter::setInput(const Node* constNode, int slot, const Value* constValue
   if (node->inputs_.size() <= index) node->inputs_.resize(index + 1, nullptr);
   Value* old = node->inputs_[index];
   if (old == value) return;
+  willChange(node);
   node->inputs_[index] = value;
   if (value) value->uses_.push_back({node, slot});
   // Trailing omitted inputs are dropped so the node stays in canonical form.
@@ -83,6 +85,7 @@ void Rewriter::setInput(const Node* constNode, int slot, const Value* constValue
 
 void Rewriter::setAttribute(const Node* constNode, onnx::AttributeProto attribute) {
   auto* node = const_cast<Node*>(constNode);
+  willChange(node);
   for (auto& existing : *node->proto_.mutable_attribute()) {
     if (existing.name() == attribute.name()) {
       existing = std::move(attribute);
@@ -101,6 +104,7 @@ void Rewriter::removeAttribute(const Node* constNode, const std::string& name) {
     if (attrs->Get(i).name() != name) continue;
     for (const auto& slot : node->subgraphs_)
       if (slot.attributeIndex == i) throw std::logic_error("removeAttribute: '" + name + "' holds a subgraph");
+    willChange(node);
     attrs->erase(attrs->begin() + i);
     // Later attributes moved down by one.
     for (auto& slot : node->subgraphs_)
@@ -125,6 +129,9 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
   Node* oldProducer = from->producer_;
   Graph& graph = *to->graph_;
   if (from->graph_ != to->graph_) throw std::logic_error("replaceValueKeepingName: values of different graphs");
+  // The readers of `from` read the same name afterwards: only the two producers change.
+  willChange(oldProducer);
+  willChange(to->producer_);
 
   // Detach the readers of `to` that belong to the node going away (its only readers, by precondition).
   if (oldProducer) {
@@ -186,6 +193,7 @@ void Rewriter::eraseNode(const Node* constNode) {
       throw std::logic_error("eraseNode: output '" + output->name() + "' of '" + node->name() + "' is still read");
   }
   Graph& graph = *node->graph_;
+  willChange(node);
   node->erased_ = true;
   if (erasedLog_) erasedLog_->push_back(node->name());
   for (Value* input : node->inputs_)
@@ -250,6 +258,7 @@ void Rewriter::materializeConstant(const Value* constValue, std::unique_ptr<Tens
   std::vector<std::string> erased;
   erasedLog_ = &erased;
   if (Node* producer = value->producer_) {
+    willChange(producer);
     // The producer loses this output; it (and the chain behind it) goes when nothing else reads it.
     producer->outputs_[static_cast<std::size_t>(value->producerOutput_)] = nullptr;
     value->producer_ = nullptr;
@@ -287,7 +296,14 @@ void Rewriter::markDirty(Graph& graph) {
 
 void Rewriter::record(const std::string& section, nlohmann::json entry) {
   if (rule_) entry["rule"] = rule_->name();
+  recorded_.emplace_back(section, report_.section(section).size());
   report_.add(section, std::move(entry));
+}
+
+std::vector<std::pair<std::string, std::size_t>> Rewriter::takeRecorded() {
+  std::vector<std::pair<std::string, std::size_t>> out;
+  out.swap(recorded_);
+  return out;
 }
 
 void Rewriter::finish() {

@@ -35,6 +35,7 @@ class FreezeTrainingBatchNorm : public Rule {
   }
   std::vector<std::string> rootOps() const override { return {"BatchNormalization"}; }
   std::vector<OpVersions> opVersions() const override { return {kBatchNormalization, kIdentity}; }
+  bool verifiesAgainstFrozenBatchNorm() const override { return true; }
 
   MatchResult match(const Node& bn, const RuleContext& context) const override {
     auto found = std::make_unique<FreezeMatch>();

@@ -50,6 +50,10 @@ struct Finding {
 /// for the form of each BatchNormalization left in place), with Report::setReorderedGraphs called before the run.
 std::vector<Finding> findingsOf(Model& model, const Report& report, const std::set<std::string>& failOn);
 
+/// One finding per rewrite whose --verify check did not pass (category verify-failed, always an error): what was
+/// rewritten, and the error against the tolerance or why it could not be evaluated. findingsOf includes these.
+std::vector<Finding> failedVerifications(const Report& report);
+
 /// The finding for a model that cannot be read or is invalid: category invalid-model, always an error.
 Finding invalidModelFinding(const std::string& message);
 

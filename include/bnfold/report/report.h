@@ -36,6 +36,10 @@ class Report {
   /// Appends `entry` to `section` (one of kReportSections, or a new one).
   void add(const std::string& section, nlohmann::json entry);
   const nlohmann::json& section(const std::string& name) const;
+  /// Entry `index` of `section`, to be completed (the driver adds a rewrite's "verify" object).
+  nlohmann::json& entry(const std::string& section, std::size_t index) { return doc_.at(section).at(index); }
+  /// The run's "verification" summary (present only when --verify was given).
+  void setVerification(nlohmann::json summary) { doc_["verification"] = std::move(summary); }
   /// Entries in every section but "skipped" and "graph_reordered": the rewrites done.
   std::size_t rewriteCount() const;
 

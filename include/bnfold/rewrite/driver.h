@@ -4,6 +4,7 @@
 /// every node of every graph in order, and whatever a rewrite touched is looked at again. Deterministic:
 /// the same model and rules give the same result.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +13,8 @@
 #include "bnfold/rewrite/rule.h"
 
 namespace bnfold {
+
+class Rewriter;
 
 /// Every rule bnfold has, in priority order (an explicit list: static self-registration gets dropped by the
 /// linker from static libraries).
@@ -28,6 +31,14 @@ struct DriverOptions {
   RuleOptions ruleOptions;
   /// Safety net against rules that undo each other; a fixed point is reached long before.
   std::size_t maxRewrites = 1000000;
+  /// Evaluate every rewrite's original and rewritten nodes on seeded random inputs and add a "verify" object to
+  /// its report entry (README, "Verification"). Report::failedVerifications() lists the ones that failed.
+  bool verify = false;
+  /// Seed of the random inputs (each rewrite adds its number to it).
+  uint64_t verifySeed = 20261125;
+  /// Tests only: called after each rewrite, before it is verified, with the nodes it changed or created, so a test
+  /// can break the rewrite through the rewriter and see --verify catch it.
+  std::function<void(Rewriter&, const std::vector<Node*>&)> injectFaultForTesting;
 };
 
 /// What --input-defaults-are-constant would change after a run. Older PyTorch exports list every initializer as a

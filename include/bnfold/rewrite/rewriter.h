@@ -17,6 +17,17 @@ namespace bnfold {
 
 class Rule;
 
+/// Told about each change a rewrite makes, before the graph changes (for --verify, which keeps the original
+/// form of everything a rewrite touches). A node is reported every time; listeners keep the first report.
+class RewriteListener {
+ public:
+  virtual ~RewriteListener() = default;
+  /// `node` is about to change: its inputs, attributes or outputs, or it is about to be erased.
+  virtual void nodeWillChange(const Node& node) = 0;
+  /// `node` was just created.
+  virtual void nodeCreated(const Node& node) = 0;
+};
+
 class Rewriter {
  public:
   Rewriter(Model& model, Report& report);
@@ -27,6 +38,8 @@ class Rewriter {
   Model& model() { return model_; }
   /// The rule whose rewrite runs now; its name goes into every report entry it records.
   void beginRule(const Rule* rule) { rule_ = rule; }
+  /// Where changes are announced (null: nowhere). The listener must outlive its use.
+  void setListener(RewriteListener* listener) { listener_ = listener; }
 
   /// Adds an initializer to `graph` under a fresh unique name derived from `nameHint`. In IR version 3 it goes to
   /// the main graph instead (and is listed among its inputs by finish()), which `graph` can read.
@@ -60,6 +73,8 @@ class Rewriter {
 
   /// Appends an entry to a report section, tagged with the current rule's name.
   void record(const std::string& section, nlohmann::json entry);
+  /// Where the entries recorded since the last call went: (section, index in it).
+  std::vector<std::pair<std::string, std::size_t>> takeRecorded();
 
   /// Nodes created or changed since the last call (for the driver's worklist).
   std::vector<Node*> takeTouched();
@@ -69,6 +84,9 @@ class Rewriter {
 
  private:
   void touch(Node* node);
+  void willChange(const Node* node) {
+    if (listener_ && node) listener_->nodeWillChange(*node);
+  }
   void removeUse(Value* value, Node* node, int slot);
   void dropIfDeadConstant(Value* value);
   void retireValue(Value* value);
@@ -77,6 +95,8 @@ class Rewriter {
   Model& model_;
   Report& report_;
   const Rule* rule_ = nullptr;
+  RewriteListener* listener_ = nullptr;
+  std::vector<std::pair<std::string, std::size_t>> recorded_;
   bool modelUsesExternalData_ = false;
   std::vector<Node*> touched_;
   std::vector<std::unique_ptr<Node>> erasedNodes_;

@@ -114,6 +114,9 @@ class Rule {
   /// another version, or is newer than bnfold knows: a new version may mean something else.
   virtual std::vector<OpVersions> opVersions() const = 0;
   virtual bool enabledByDefault() const { return true; }
+  /// For --verify: the rewrite is meant to equal the original with training-mode BatchNormalization evaluated in
+  /// inference mode (train-bn-freeze changes the function on purpose), not the original itself.
+  virtual bool verifiesAgainstFrozenBatchNorm() const { return false; }
 
   /// Inspects `root` without changing anything.
   virtual MatchResult match(const Node& root, const RuleContext& context) const = 0;

@@ -1,0 +1,576 @@
+#include "interpreter.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <unordered_map>
+
+#include <Eigen/Core>
+
+namespace bnfold::verify {
+namespace {
+
+// ---- attributes ----
+
+const onnx::AttributeProto* findAttribute(const RegionNode& node, const std::string& name) {
+  for (const auto& attribute : node.attributes.attribute())
+    if (attribute.name() == name) return &attribute;
+  return nullptr;
+}
+int64_t intAttribute(const RegionNode& node, const std::string& name, int64_t fallback) {
+  const auto* attribute = findAttribute(node, name);
+  return attribute ? attribute->i() : fallback;
+}
+double floatAttribute(const RegionNode& node, const std::string& name, double fallback) {
+  const auto* attribute = findAttribute(node, name);
+  return attribute ? attribute->f() : fallback;
+}
+std::vector<int64_t> intsAttribute(const RegionNode& node, const std::string& name) {
+  const auto* attribute = findAttribute(node, name);
+  if (!attribute) return {};
+  return {attribute->ints().begin(), attribute->ints().end()};
+}
+std::string stringAttribute(const RegionNode& node, const std::string& name, const std::string& fallback) {
+  const auto* attribute = findAttribute(node, name);
+  return attribute ? attribute->s() : fallback;
+}
+
+std::string describe(const RegionNode& node) { return node.opType + " '" + node.name + "'"; }
+
+// ---- element conversion ----
+
+template <typename Source>
+void appendElements(const std::string& bytes, std::vector<double>& out) {
+  const std::size_t count = bytes.size() / sizeof(Source);
+  out.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    Source value;
+    std::memcpy(&value, bytes.data() + i * sizeof(Source), sizeof(Source));
+    out.push_back(static_cast<double>(value));
+  }
+}
+
+std::vector<double> elementsAsDoubles(DataType type, const std::string& bytes) {
+  std::vector<double> out;
+  switch (type) {
+    case DataType::Float: appendElements<float>(bytes, out); break;
+    case DataType::Double: appendElements<double>(bytes, out); break;
+    case DataType::Float16: appendElements<Eigen::half>(bytes, out); break;
+    case DataType::BFloat16: appendElements<Eigen::bfloat16>(bytes, out); break;
+    case DataType::Int8: appendElements<int8_t>(bytes, out); break;
+    case DataType::Int16: appendElements<int16_t>(bytes, out); break;
+    case DataType::Int32: appendElements<int32_t>(bytes, out); break;
+    case DataType::Int64: appendElements<int64_t>(bytes, out); break;
+    case DataType::UInt8: appendElements<uint8_t>(bytes, out); break;
+    case DataType::UInt16: appendElements<uint16_t>(bytes, out); break;
+    case DataType::UInt32: appendElements<uint32_t>(bytes, out); break;
+    case DataType::UInt64: appendElements<uint64_t>(bytes, out); break;
+    case DataType::Bool: appendElements<uint8_t>(bytes, out); break;
+    default: throw EvaluationError("element type " + dataTypeName(type) + " is not evaluated");
+  }
+  return out;
+}
+
+// The value `v` takes when stored as `type` (what a Cast to it does).
+double roundedTo(DataType type, double v) {
+  switch (type) {
+    case DataType::Float: return static_cast<float>(v);
+    case DataType::Float16: return static_cast<double>(Eigen::half(static_cast<float>(v)));
+    case DataType::BFloat16: return static_cast<double>(Eigen::bfloat16(static_cast<float>(v)));
+    default: return v;
+  }
+}
+
+int64_t integerFrom(DataType type, double v) {
+  if (std::isnan(v)) return 0;
+  const double truncated = std::trunc(v);
+  if (type == DataType::Bool) return v != 0.0;
+  if (truncated >= 9.2e18 || truncated <= -9.2e18) return 0;
+  const auto wide = static_cast<int64_t>(truncated);
+  switch (type) {
+    case DataType::Int8: return static_cast<int8_t>(wide);
+    case DataType::Int16: return static_cast<int16_t>(wide);
+    case DataType::Int32: return static_cast<int32_t>(wide);
+    case DataType::UInt8: return static_cast<uint8_t>(wide);
+    case DataType::UInt16: return static_cast<uint16_t>(wide);
+    case DataType::UInt32: return static_cast<uint32_t>(wide);
+    default: return wide;
+  }
+}
+
+template <typename T>
+Operand<T> fromDoubles(DataType type, Dims dims, const std::vector<double>& values) {
+  Operand<T> out;
+  out.type = type;
+  if (isFloatingPoint(type)) {
+    out.real.dims = std::move(dims);
+    out.real.data.assign(values.begin(), values.end());
+  } else {
+    out.integer.dims = std::move(dims);
+    out.integer.data.reserve(values.size());
+    for (double v : values) out.integer.data.push_back(integerFrom(type, v));
+  }
+  return out;
+}
+
+// ---- evaluation ----
+
+template <typename T>
+class Evaluator {
+ public:
+  Evaluator(const Region& region, std::map<std::string, Operand<T>>& values, const InterpreterOptions& options)
+      : region_(region), values_(values), options_(options) {}
+
+  void run() {
+    for (const RegionNode& node : region_.nodes) {
+      try {
+        evaluate(node);
+      } catch (const std::invalid_argument& e) {
+        throw EvaluationError(describe(node) + ": " + e.what());
+      }
+    }
+  }
+
+ private:
+  const Operand<T>* optionalInput(const RegionNode& node, std::size_t slot) {
+    if (slot >= node.inputs.size() || node.inputs[slot].empty()) return nullptr;
+    auto it = values_.find(node.inputs[slot]);
+    if (it == values_.end()) throw EvaluationError(describe(node) + ": input '" + node.inputs[slot] + "' has no value");
+    return &it->second;
+  }
+  const Operand<T>& input(const RegionNode& node, std::size_t slot) {
+    const Operand<T>* operand = optionalInput(node, slot);
+    if (!operand) throw EvaluationError(describe(node) + ": input " + std::to_string(slot) + " is missing");
+    return *operand;
+  }
+  const Array<T>& real(const RegionNode& node, std::size_t slot) {
+    const Operand<T>& operand = input(node, slot);
+    if (operand.isInteger()) throw EvaluationError(describe(node) + ": input " + std::to_string(slot) + " is not floating");
+    return operand.real;
+  }
+  std::vector<int64_t> integers(const RegionNode& node, std::size_t slot) {
+    const Operand<T>& operand = input(node, slot);
+    if (!operand.isInteger()) throw EvaluationError(describe(node) + ": input " + std::to_string(slot) + " is not integer");
+    return operand.integer.data;
+  }
+  void setOutput(const RegionNode& node, std::size_t slot, Operand<T> value) {
+    if (slot < node.outputs.size() && !node.outputs[slot].empty()) values_[node.outputs[slot]] = std::move(value);
+  }
+  void setReal(const RegionNode& node, std::size_t slot, DataType type, Array<T> value) {
+    Operand<T> out;
+    out.type = type;
+    out.real = std::move(value);
+    setOutput(node, slot, std::move(out));
+  }
+
+  // Same-kind data movement on either representation.
+  template <typename F>
+  Operand<T> moveData(const Operand<T>& x, F&& f) {
+    Operand<T> out;
+    out.type = x.type;
+    if (x.isInteger()) out.integer = f(x.integer);
+    else out.real = f(x.real);
+    return out;
+  }
+
+  // Legacy (opset < 7) broadcasting: with broadcast=1, B's dims line up with A's from `axis` (default: the end).
+  template <typename A>
+  A alignLegacy(const RegionNode& node, const A& a, A b) {
+    if (region_.opset >= 7 || intAttribute(node, "broadcast", 0) == 0) return b;
+    const auto rankA = static_cast<int64_t>(a.dims.size()), rankB = static_cast<int64_t>(b.dims.size());
+    int64_t axis = intAttribute(node, "axis", rankA - rankB);
+    if (axis < 0) axis += rankA;
+    if (axis < 0 || axis + rankB > rankA) throw EvaluationError(describe(node) + ": broadcast axis out of range");
+    Dims dims(static_cast<std::size_t>(axis), 1);
+    dims.insert(dims.end(), b.dims.begin(), b.dims.end());
+    dims.resize(a.dims.size(), 1);
+    b.dims = dims;
+    return b;
+  }
+
+  void evaluateBinary(const RegionNode& node, BinaryOp op) {
+    const Operand<T>& a = input(node, 0);
+    // Max and Min take any number of inputs.
+    Operand<T> result = a;
+    for (std::size_t slot = 1; slot < node.inputs.size(); ++slot) {
+      const Operand<T>& b = input(node, slot);
+      if (result.isInteger() != b.isInteger()) {
+        if (op != BinaryOp::Pow) throw EvaluationError(describe(node) + ": operands of different kinds");
+        // Pow with a float base and an integer exponent (or the reverse): computed in the base's type.
+        if (result.isInteger()) throw EvaluationError(describe(node) + ": integer base with a float exponent");
+        Array<T> exponent{b.integer.dims, std::vector<T>(b.integer.data.begin(), b.integer.data.end())};
+        result.real = binary(op, result.real, alignLegacy(node, result.real, exponent));
+        continue;
+      }
+      if (result.isInteger()) result.integer = binary(op, result.integer, alignLegacy(node, result.integer, b.integer));
+      else result.real = binary(op, result.real, alignLegacy(node, result.real, b.real));
+    }
+    if (node.inputs.size() == 1 && op != BinaryOp::Max && op != BinaryOp::Min)
+      throw EvaluationError(describe(node) + ": needs two inputs");
+    setOutput(node, 0, std::move(result));
+  }
+
+  void evaluateUnary(const RegionNode& node, UnaryOp op) {
+    const Operand<T>& x = input(node, 0);
+    if (x.isInteger()) {
+      if (op == UnaryOp::Identity || op == UnaryOp::Neg) {
+        Operand<T> out = x;
+        if (op == UnaryOp::Neg)
+          for (int64_t& v : out.integer.data) v = static_cast<int64_t>(0ULL - static_cast<uint64_t>(v));
+        setOutput(node, 0, std::move(out));
+        return;
+      }
+      throw EvaluationError(describe(node) + ": integer input");
+    }
+    setReal(node, 0, x.type, unary(op, x.real));
+  }
+
+  ConvAttributes convAttributes(const RegionNode& node) {
+    ConvAttributes a;
+    a.kernelShape = intsAttribute(node, "kernel_shape");
+    a.strides = intsAttribute(node, "strides");
+    a.dilations = intsAttribute(node, "dilations");
+    a.pads = intsAttribute(node, "pads");
+    a.outputPadding = intsAttribute(node, "output_padding");
+    a.outputShape = intsAttribute(node, "output_shape");
+    a.group = intAttribute(node, "group", 1);
+    a.autoPad = stringAttribute(node, "auto_pad", "NOTSET");
+    return a;
+  }
+
+  const Array<T>* optionalReal(const RegionNode& node, std::size_t slot) {
+    const Operand<T>* operand = optionalInput(node, slot);
+    if (!operand) return nullptr;
+    if (operand->isInteger()) throw EvaluationError(describe(node) + ": input " + std::to_string(slot) + " is not floating");
+    return &operand->real;
+  }
+
+  bool batchNormTraining(const RegionNode& node) {
+    const auto emptyInput = [&](std::size_t slot) {
+      const Operand<T>* operand = optionalInput(node, slot);
+      return operand && !operand->isInteger() && operand->real.data.empty();
+    };
+    bool training;
+    if (region_.opset < 7) {
+      training = intAttribute(node, "is_test", 0) == 0;  // is_test defaults to 0
+    } else if (region_.opset < 14) {
+      training = false;
+      for (std::size_t i = 1; i < node.outputs.size(); ++i) training = training || !node.outputs[i].empty();
+    } else {
+      training = intAttribute(node, "training_mode", 0) != 0;
+    }
+    return training || emptyInput(3) || emptyInput(4);
+  }
+
+  void evaluateBatchNorm(const RegionNode& node) {
+    if (region_.opset < 9 && intAttribute(node, "spatial", 1) == 0)
+      throw EvaluationError(describe(node) + ": spatial=0 is not evaluated");
+    const Operand<T>& x = input(node, 0);
+    const Array<T>& scale = real(node, 1);
+    const Array<T>& bias = real(node, 2);
+    const Array<T>& mean = real(node, 3);
+    const Array<T>& var = real(node, 4);
+    const double epsilon = floatAttribute(node, "epsilon", 1e-5);
+    const double momentum = floatAttribute(node, "momentum", 0.9);
+    if (x.isInteger()) throw EvaluationError(describe(node) + ": integer input");
+    if (!batchNormTraining(node) || options_.batchNormAsInference) {
+      setReal(node, 0, x.type, batchNormInference(x.real, scale, bias, mean, var, epsilon));
+      // A frozen BN passes its running statistics through (train-bn-freeze writes Identity nodes for them).
+      setReal(node, 1, input(node, 3).type, mean);
+      setReal(node, 2, input(node, 4).type, var);
+      return;
+    }
+    BatchNormTraining<T> result;
+    if (mean.data.empty() || var.data.empty()) {
+      // No running statistics (TensorFlow's FusedBatchNorm form): only the batch statistics matter.
+      const Array<T> zeros{scale.dims, std::vector<T>(scale.data.size(), T(0))};
+      result = verify::batchNormTraining(x.real, scale, bias, zeros, zeros, epsilon, momentum);
+    } else {
+      result = verify::batchNormTraining(x.real, scale, bias, mean, var, epsilon, momentum);
+    }
+    setReal(node, 0, x.type, std::move(result.y));
+    setReal(node, 1, scale.dims.empty() ? x.type : input(node, 1).type, std::move(result.runningMean));
+    setReal(node, 2, input(node, 1).type, std::move(result.runningVar));
+    setReal(node, 3, input(node, 1).type, std::move(result.savedMean));
+    setReal(node, 4, input(node, 1).type, std::move(result.savedInvStdDev));
+  }
+
+  std::vector<int64_t> axesOf(const RegionNode& node, int64_t inputSinceOpset, std::size_t slot) {
+    if (region_.opset >= inputSinceOpset) return optionalInput(node, slot) ? integers(node, slot) : std::vector<int64_t>{};
+    return intsAttribute(node, "axes");
+  }
+
+  static int64_t normalizedAxis(int64_t axis, int64_t rank, const RegionNode& node) {
+    if (axis < -rank || axis >= rank) throw EvaluationError(describe(node) + ": axis out of range");
+    return axis < 0 ? axis + rank : axis;
+  }
+
+  void evaluateReshape(const RegionNode& node) {
+    const Operand<T>& x = input(node, 0);
+    std::vector<int64_t> shape = region_.opset >= 5 ? integers(node, 1) : intsAttribute(node, "shape");
+    const bool allowZero = intAttribute(node, "allowzero", 0) != 0;
+    const Dims& in = x.dims();
+    int64_t known = 1, inferred = -1;
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+      if (shape[i] == 0 && !allowZero) {
+        if (i >= in.size()) throw EvaluationError(describe(node) + ": 0 copies a dim the input does not have");
+        shape[i] = in[i];
+      }
+      if (shape[i] == -1) {
+        if (inferred >= 0) throw EvaluationError(describe(node) + ": two -1 dims");
+        inferred = static_cast<int64_t>(i);
+        continue;
+      }
+      if (shape[i] < 0) throw EvaluationError(describe(node) + ": negative dim");
+      known *= shape[i];
+    }
+    const int64_t count = elementCount(in);
+    if (inferred >= 0) {
+      if (known == 0 || count % known != 0) throw EvaluationError(describe(node) + ": cannot infer the -1 dim");
+      shape[static_cast<std::size_t>(inferred)] = count / known;
+    } else if (known != count) {
+      throw EvaluationError(describe(node) + ": shape does not match the element count");
+    }
+    Operand<T> out = x;
+    (out.isInteger() ? out.integer.dims : out.real.dims) = shape;
+    setOutput(node, 0, std::move(out));
+  }
+
+  void reshaped(const RegionNode& node, const Operand<T>& x, Dims dims) {
+    if (elementCount(dims) != elementCount(x.dims())) throw EvaluationError(describe(node) + ": element count changes");
+    Operand<T> out = x;
+    (out.isInteger() ? out.integer.dims : out.real.dims) = std::move(dims);
+    setOutput(node, 0, std::move(out));
+  }
+
+  void evaluateSqueeze(const RegionNode& node, bool unsqueeze) {
+    const Operand<T>& x = input(node, 0);
+    std::vector<int64_t> axes = axesOf(node, 13, 1);
+    Dims in = x.dims();
+    if (unsqueeze) {
+      const auto rank = static_cast<int64_t>(in.size() + axes.size());
+      std::vector<bool> inserted(static_cast<std::size_t>(rank), false);
+      for (int64_t axis : axes) {
+        const int64_t a = normalizedAxis(axis, rank, node);
+        if (inserted[static_cast<std::size_t>(a)]) throw EvaluationError(describe(node) + ": repeated axis");
+        inserted[static_cast<std::size_t>(a)] = true;
+      }
+      Dims out;
+      std::size_t next = 0;
+      for (int64_t i = 0; i < rank; ++i) out.push_back(inserted[static_cast<std::size_t>(i)] ? 1 : in.at(next++));
+      reshaped(node, x, out);
+      return;
+    }
+    const auto rank = static_cast<int64_t>(in.size());
+    std::vector<bool> removed(in.size(), false);
+    if (axes.empty()) {
+      for (std::size_t i = 0; i < in.size(); ++i) removed[i] = in[i] == 1;
+    }
+    for (int64_t axis : axes) {
+      const int64_t a = normalizedAxis(axis, rank, node);
+      if (in[static_cast<std::size_t>(a)] != 1) throw EvaluationError(describe(node) + ": squeezes a dim that is not 1");
+      removed[static_cast<std::size_t>(a)] = true;
+    }
+    Dims out;
+    for (std::size_t i = 0; i < in.size(); ++i)
+      if (!removed[i]) out.push_back(in[i]);
+    reshaped(node, x, out);
+  }
+
+  void evaluateCast(const RegionNode& node) {
+    const Operand<T>& x = input(node, 0);
+    const auto to = static_cast<DataType>(intAttribute(node, "to", 0));
+    if (!isFloatingPoint(to) && to != DataType::Bool && elementSize(to) == 0)
+      throw EvaluationError(describe(node) + ": cast to " + dataTypeName(to));
+    std::vector<double> values;
+    if (x.isInteger()) values.assign(x.integer.data.begin(), x.integer.data.end());
+    else values.assign(x.real.data.begin(), x.real.data.end());
+    if (isFloatingPoint(to))
+      for (double& v : values) v = roundedTo(to, v);
+    setOutput(node, 0, fromDoubles<T>(to, x.dims(), values));
+  }
+
+  void evaluateConstantOfShape(const RegionNode& node) {
+    const std::vector<int64_t> shape = integers(node, 0);
+    DataType type = DataType::Float;
+    double fill = 0.0;
+    auto it = node.tensorAttributes.find("value");
+    if (it != node.tensorAttributes.end()) {
+      const Operand<T> value = readConstant<T>(it->second);
+      type = value.type;
+      if (elementCount(value.dims()) != 1) throw EvaluationError(describe(node) + ": value must hold one element");
+      fill = value.isInteger() ? static_cast<double>(value.integer.data[0]) : static_cast<double>(value.real.data[0]);
+    }
+    const int64_t count = elementCount(shape);
+    if (count > (int64_t{1} << 26)) throw EvaluationError(describe(node) + ": result too large to evaluate");
+    setOutput(node, 0, fromDoubles<T>(type, shape, std::vector<double>(static_cast<std::size_t>(count), fill)));
+  }
+
+  void evaluateSlice(const RegionNode& node) {
+    const Operand<T>& x = input(node, 0);
+    std::vector<int64_t> starts, ends, axes, steps;
+    if (region_.opset < 10) {
+      starts = intsAttribute(node, "starts");
+      ends = intsAttribute(node, "ends");
+      axes = intsAttribute(node, "axes");
+    } else {
+      starts = integers(node, 1);
+      ends = integers(node, 2);
+      if (optionalInput(node, 3)) axes = integers(node, 3);
+      if (optionalInput(node, 4)) steps = integers(node, 4);
+    }
+    setOutput(node, 0, moveData(x, [&](const auto& a) { return slice(a, starts, ends, axes, steps); }));
+  }
+
+  void evaluate(const RegionNode& node) {
+    const std::string& op = node.opType;
+    static const std::unordered_map<std::string, BinaryOp> binaryOps = {
+        {"Add", BinaryOp::Add}, {"Sub", BinaryOp::Sub}, {"Mul", BinaryOp::Mul}, {"Div", BinaryOp::Div},
+        {"Pow", BinaryOp::Pow}, {"Max", BinaryOp::Max}, {"Min", BinaryOp::Min}};
+    static const std::unordered_map<std::string, UnaryOp> unaryOps = {
+        {"Identity", UnaryOp::Identity}, {"Sqrt", UnaryOp::Sqrt}, {"Reciprocal", UnaryOp::Reciprocal},
+        {"Neg", UnaryOp::Neg}, {"Relu", UnaryOp::Relu}};
+    if (auto it = binaryOps.find(op); it != binaryOps.end()) return evaluateBinary(node, it->second);
+    if (auto it = unaryOps.find(op); it != unaryOps.end()) return evaluateUnary(node, it->second);
+    if (op == "Conv" || op == "ConvTranspose") {
+      const Operand<T>& x = input(node, 0);
+      const Array<T>& w = real(node, 1);
+      const Array<T>* b = optionalReal(node, 2);
+      if (x.isInteger()) throw EvaluationError(describe(node) + ": integer input");
+      const ConvAttributes attributes = convAttributes(node);
+      setReal(node, 0, x.type,
+              op == "Conv" ? conv(x.real, w, b, attributes) : convTranspose(x.real, w, b, attributes));
+      return;
+    }
+    if (op == "Gemm") {
+      const Operand<T>& a = input(node, 0);
+      // Gemm-1..6 declare C required; an absent C means zero from Gemm-11 on.
+      setReal(node, 0, a.type,
+              gemm(real(node, 0), real(node, 1), optionalReal(node, 2), floatAttribute(node, "alpha", 1.0),
+                   floatAttribute(node, "beta", 1.0), intAttribute(node, "transA", 0) != 0,
+                   intAttribute(node, "transB", 0) != 0));
+      return;
+    }
+    if (op == "MatMul") {
+      setReal(node, 0, input(node, 0).type, matMul(real(node, 0), real(node, 1)));
+      return;
+    }
+    if (op == "BatchNormalization") return evaluateBatchNorm(node);
+    if (op == "ReduceMean") {
+      const Operand<T>& x = input(node, 0);
+      std::vector<int64_t> axes = axesOf(node, 18, 1);
+      if (axes.empty() && region_.opset >= 18 && intAttribute(node, "noop_with_empty_axes", 0) != 0) {
+        setOutput(node, 0, x);
+        return;
+      }
+      setReal(node, 0, x.type, reduceMean(real(node, 0), axes, intAttribute(node, "keepdims", 1) != 0));
+      return;
+    }
+    if (op == "Reshape") return evaluateReshape(node);
+    if (op == "Flatten") {
+      const Operand<T>& x = input(node, 0);
+      const auto rank = static_cast<int64_t>(x.dims().size());
+      int64_t axis = intAttribute(node, "axis", 1);
+      if (axis < 0) axis += rank;
+      if (axis < 0 || axis > rank) throw EvaluationError(describe(node) + ": axis out of range");
+      int64_t outer = 1, inner = 1;
+      for (int64_t i = 0; i < rank; ++i) (i < axis ? outer : inner) *= x.dims()[static_cast<std::size_t>(i)];
+      reshaped(node, x, {outer, inner});
+      return;
+    }
+    if (op == "Squeeze" || op == "Unsqueeze") return evaluateSqueeze(node, op == "Unsqueeze");
+    if (op == "Transpose") {
+      const std::vector<int64_t> perm = intsAttribute(node, "perm");
+      setOutput(node, 0, moveData(input(node, 0), [&](const auto& a) { return transpose(a, perm); }));
+      return;
+    }
+    if (op == "Cast") return evaluateCast(node);
+    if (op == "Concat") {
+      const Operand<T>& first = input(node, 0);
+      Operand<T> out;
+      out.type = first.type;
+      const int64_t axis = intAttribute(node, "axis", 1);
+      if (first.isInteger()) {
+        std::vector<const Array<int64_t>*> parts;
+        for (std::size_t slot = 0; slot < node.inputs.size(); ++slot) parts.push_back(&input(node, slot).integer);
+        out.integer = concat(parts, axis);
+      } else {
+        std::vector<const Array<T>*> parts;
+        for (std::size_t slot = 0; slot < node.inputs.size(); ++slot) parts.push_back(&real(node, slot));
+        out.real = concat(parts, axis);
+      }
+      setOutput(node, 0, std::move(out));
+      return;
+    }
+    if (op == "Slice") return evaluateSlice(node);
+    if (op == "Gather") {
+      const Operand<T>& indices = input(node, 1);
+      if (!indices.isInteger()) throw EvaluationError(describe(node) + ": indices are not integers");
+      const int64_t axis = intAttribute(node, "axis", 0);
+      setOutput(node, 0, moveData(input(node, 0), [&](const auto& a) { return gather(a, indices.integer, axis); }));
+      return;
+    }
+    if (op == "Expand") {
+      const std::vector<int64_t> shape = integers(node, 1);
+      setOutput(node, 0, moveData(input(node, 0), [&](const auto& a) { return expand(a, shape); }));
+      return;
+    }
+    if (op == "ConstantOfShape") return evaluateConstantOfShape(node);
+    throw EvaluationError(describe(node) + ": the verifier has no reference implementation of " + op);
+  }
+
+  const Region& region_;
+  std::map<std::string, Operand<T>>& values_;
+  const InterpreterOptions& options_;
+};
+
+}  // namespace
+
+bool isEvaluableOp(const std::string& op) {
+  static const char* const ops[] = {"Add",        "Sub",       "Mul",     "Div",     "Pow",       "Max",
+                                    "Min",        "Identity",  "Sqrt",    "Reciprocal", "Neg",    "Relu",
+                                    "Conv",       "ConvTranspose", "Gemm", "MatMul", "BatchNormalization",
+                                    "ReduceMean", "Reshape",   "Flatten", "Squeeze", "Unsqueeze", "Transpose",
+                                    "Cast",       "Concat",    "Slice",   "Gather",  "Expand",    "ConstantOfShape",
+                                    "Constant"};
+  return std::find(std::begin(ops), std::end(ops), op) != std::end(ops);
+}
+
+template <typename T>
+Operand<T> readConstant(const ConstantOperand& constant) {
+  const int64_t count = saturatingElementCount(constant.dims);
+  const std::size_t size = elementSize(constant.type);
+  if (count == INT64_MAX || size == 0) throw EvaluationError("constant of type " + dataTypeName(constant.type) + " cannot be read");
+  std::string bytes(static_cast<std::size_t>(count) * size, '\0');
+  if (!constant.bytes || constant.bytes->size() != static_cast<int64_t>(bytes.size()))
+    throw EvaluationError("constant bytes do not match its dims");
+  if (!bytes.empty()) constant.bytes->read(0, static_cast<int64_t>(bytes.size()), bytes.data());
+  if (constant.type == dataTypeOf<T>()) {
+    Operand<T> out;
+    out.type = constant.type;
+    out.real.dims = constant.dims;
+    out.real.data.resize(static_cast<std::size_t>(count));
+    std::memcpy(out.real.data.data(), bytes.data(), bytes.size());
+    return out;
+  }
+  return fromDoubles<T>(constant.type, constant.dims, elementsAsDoubles(constant.type, bytes));
+}
+
+template <typename T>
+std::map<std::string, Operand<T>> evaluateRegion(const Region& region, std::map<std::string, Operand<T>> values,
+                                                 const InterpreterOptions& options) {
+  for (const auto& [name, constant] : region.constants) values.emplace(name, readConstant<T>(constant));
+  Evaluator<T>(region, values, options).run();
+  return values;
+}
+
+template Operand<float> readConstant<float>(const ConstantOperand&);
+template Operand<double> readConstant<double>(const ConstantOperand&);
+template std::map<std::string, Operand<float>> evaluateRegion<float>(const Region&, std::map<std::string, Operand<float>>,
+                                                                     const InterpreterOptions&);
+template std::map<std::string, Operand<double>> evaluateRegion<double>(const Region&,
+                                                                       std::map<std::string, Operand<double>>,
+                                                                       const InterpreterOptions&);
+
+}  // namespace bnfold::verify

@@ -1,0 +1,50 @@
+#pragma once
+// Evaluates a Region (region.h) with the reference kernels: each node's ONNX semantics at the region's opset,
+// floating values in T (float for float, float16 and bfloat16 models; double for double models), integers in
+// int64. Written apart from constant evaluation (lib/rewrite/constant_eval) on purpose: the verifier must not
+// share code with what it checks.
+
+#include <map>
+#include <string>
+
+#include "bnfold/ir/tensor.h"
+#include "reference_kernels.h"
+#include "region.h"
+
+namespace bnfold::verify {
+
+/// A value during evaluation: floating (`real`) or integer (`integer`), with its ONNX element type.
+template <typename T>
+struct Operand {
+  DataType type = DataType::Float;
+  Array<T> real;
+  Array<int64_t> integer;
+  bool isInteger() const { return !isFloatingPoint(type); }
+  const Dims& dims() const { return isInteger() ? integer.dims : real.dims; }
+};
+
+struct InterpreterOptions {
+  /// Evaluate training-mode BatchNormalization as inference mode (the meaning of a frozen BN, for train-bn-freeze).
+  bool batchNormAsInference = false;
+};
+
+/// An op the interpreter does not know, or operands that do not fit: the region cannot be evaluated as given.
+class EvaluationError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Reads a constant operand into an Operand (floating types converted to T).
+template <typename T>
+Operand<T> readConstant(const ConstantOperand& constant);
+
+/// Evaluates the region on `inputs` (its run-time inputs by name) and returns every value it computed or read,
+/// by name. Throws EvaluationError.
+template <typename T>
+std::map<std::string, Operand<T>> evaluateRegion(const Region& region, std::map<std::string, Operand<T>> values,
+                                                 const InterpreterOptions& options);
+
+/// True when the interpreter evaluates this standard-domain op.
+bool isEvaluableOp(const std::string& opType);
+
+}  // namespace bnfold::verify
