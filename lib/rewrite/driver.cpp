@@ -161,6 +161,7 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
         opsetProblems[rule] = opsetProblem(rule->opVersions(), opset, "rule " + std::string(rule->name()));
   std::unordered_map<const Node*, std::vector<Failure>> failures;
   verify::RegionRecorder recorder;
+  verify::Verifier verifier;
   std::size_t verified = 0, verifyFailed = 0;
   {
     Rewriter rewriter(model, report);
@@ -221,7 +222,7 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
             verify::VerifySettings settings;
             settings.seed = options.verifySeed + rewrites;
             settings.batchNormAsInference = rule->verifiesAgainstFrozenBatchNorm();
-            outcome = verify::verifyRegions(recorder.finish(model), settings);
+            outcome = verifier.verify(recorder.finish(model), settings);
           } catch (const std::exception& e) {
             outcome = {{"passed", false}, {"error", std::string("cannot be verified: ") + e.what()}};
           }

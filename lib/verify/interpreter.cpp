@@ -264,9 +264,8 @@ class Evaluator {
   }
 
   void evaluateBatchNorm(const RegionNode& node) {
-    if (region_.opset < 9 && intAttribute(node, "spatial", 1) == 0)
-      throw EvaluationError(describe(node) + ": spatial=0 is not evaluated");
     const Operand<T>& x = input(node, 0);
+    if (region_.opset < 9 && intAttribute(node, "spatial", 1) == 0) return evaluatePerElementBatchNorm(node);
     const Array<T>& scale = real(node, 1);
     const Array<T>& bias = real(node, 2);
     const Array<T>& mean = real(node, 3);
@@ -294,6 +293,20 @@ class Evaluator {
     setReal(node, 2, input(node, 1).type, std::move(result.runningVar));
     setReal(node, 3, input(node, 1).type, std::move(result.savedMean));
     setReal(node, 4, input(node, 1).type, std::move(result.savedInvStdDev));
+  }
+
+  // spatial=0 (opsets 1-8): one parameter per element of a sample, [C, D1, ...], which numpy broadcasting lines up
+  // with the input's trailing dims. Inference mode only.
+  void evaluatePerElementBatchNorm(const RegionNode& node) {
+    if (batchNormTraining(node) && !options_.batchNormAsInference)
+      throw EvaluationError(describe(node) + ": spatial=0 in training mode is not evaluated");
+    const Operand<T>& x = input(node, 0);
+    const Array<T> epsilon{{}, {static_cast<T>(floatAttribute(node, "epsilon", 1e-5))}};
+    const Array<T> deviation = unary(UnaryOp::Sqrt, binary(BinaryOp::Add, real(node, 4), epsilon));
+    const Array<T> normalized = binary(BinaryOp::Div, binary(BinaryOp::Sub, x.real, real(node, 3)), deviation);
+    setReal(node, 0, x.type, binary(BinaryOp::Add, binary(BinaryOp::Mul, normalized, real(node, 1)), real(node, 2)));
+    setReal(node, 1, input(node, 3).type, real(node, 3));
+    setReal(node, 2, input(node, 4).type, real(node, 4));
   }
 
   std::vector<int64_t> axesOf(const RegionNode& node, int64_t inputSinceOpset, std::size_t slot) {
@@ -397,7 +410,7 @@ class Evaluator {
     double fill = 0.0;
     auto it = node.tensorAttributes.find("value");
     if (it != node.tensorAttributes.end()) {
-      const Operand<T> value = readConstant<T>(it->second);
+      const Operand<T> value = readConstant<T>(it->second, nullptr);
       type = value.type;
       if (elementCount(value.dims()) != 1) throw EvaluationError(describe(node) + ": value must hold one element");
       fill = value.isInteger() ? static_cast<double>(value.integer.data[0]) : static_cast<double>(value.real.data[0]);
@@ -538,39 +551,72 @@ bool isEvaluableOp(const std::string& op) {
 }
 
 template <typename T>
-Operand<T> readConstant(const ConstantOperand& constant) {
+std::vector<T> BufferPool<T>::take(std::size_t size) {
+  // The smallest free buffer that is large enough, else the largest (it grows).
+  auto best = free_.end();
+  for (auto it = free_.begin(); it != free_.end(); ++it)
+    if (it->capacity() >= size && (best == free_.end() || it->capacity() < best->capacity())) best = it;
+  if (best == free_.end())
+    best = std::max_element(free_.begin(), free_.end(),
+                            [](const auto& a, const auto& b) { return a.capacity() < b.capacity(); });
+  std::vector<T> buffer;
+  if (best != free_.end()) {
+    buffer = std::move(*best);
+    free_.erase(best);
+  }
+  // A buffer keeps its size when given back, so shrinking it here writes nothing.
+  buffer.resize(size);
+  return buffer;
+}
+
+template <typename T>
+void BufferPool<T>::give(std::vector<T>&& buffer) {
+  constexpr std::size_t kKept = 8;
+  if (buffer.capacity() == 0) return;
+  free_.push_back(std::move(buffer));
+  if (free_.size() > kKept)
+    free_.erase(std::min_element(free_.begin(), free_.end(),
+                                 [](const auto& a, const auto& b) { return a.capacity() < b.capacity(); }));
+}
+
+template <typename T>
+Operand<T> readConstant(const ConstantOperand& constant, BufferPool<T>* pool) {
   const int64_t count = saturatingElementCount(constant.dims);
   const std::size_t size = elementSize(constant.type);
   if (count == INT64_MAX || size == 0) throw EvaluationError("constant of type " + dataTypeName(constant.type) + " cannot be read");
-  std::string bytes(static_cast<std::size_t>(count) * size, '\0');
-  if (!constant.bytes || constant.bytes->size() != static_cast<int64_t>(bytes.size()))
+  const auto byteCount = static_cast<std::size_t>(count) * size;
+  if (!constant.bytes || constant.bytes->size() != static_cast<int64_t>(byteCount))
     throw EvaluationError("constant bytes do not match its dims");
-  if (!bytes.empty()) constant.bytes->read(0, static_cast<int64_t>(bytes.size()), bytes.data());
   if (constant.type == dataTypeOf<T>()) {
+    // The common case, a weight of the compute type: read straight into the operand's buffer.
     Operand<T> out;
     out.type = constant.type;
     out.real.dims = constant.dims;
-    out.real.data.resize(static_cast<std::size_t>(count));
-    std::memcpy(out.real.data.data(), bytes.data(), bytes.size());
+    out.real.data = pool ? pool->take(static_cast<std::size_t>(count)) : std::vector<T>(static_cast<std::size_t>(count));
+    if (byteCount > 0) constant.bytes->read(0, static_cast<int64_t>(byteCount), reinterpret_cast<char*>(out.real.data.data()));
     return out;
   }
+  std::string bytes(byteCount, '\0');
+  if (byteCount > 0) constant.bytes->read(0, static_cast<int64_t>(byteCount), bytes.data());
   return fromDoubles<T>(constant.type, constant.dims, elementsAsDoubles(constant.type, bytes));
 }
 
 template <typename T>
 std::map<std::string, Operand<T>> evaluateRegion(const Region& region, std::map<std::string, Operand<T>> values,
-                                                 const InterpreterOptions& options) {
-  for (const auto& [name, constant] : region.constants) values.emplace(name, readConstant<T>(constant));
+                                                 const InterpreterOptions& options, BufferPool<T>* pool) {
+  for (const auto& [name, constant] : region.constants) values.emplace(name, readConstant<T>(constant, pool));
   Evaluator<T>(region, values, options).run();
   return values;
 }
 
-template Operand<float> readConstant<float>(const ConstantOperand&);
-template Operand<double> readConstant<double>(const ConstantOperand&);
+template class BufferPool<float>;
+template class BufferPool<double>;
+template Operand<float> readConstant<float>(const ConstantOperand&, BufferPool<float>*);
+template Operand<double> readConstant<double>(const ConstantOperand&, BufferPool<double>*);
 template std::map<std::string, Operand<float>> evaluateRegion<float>(const Region&, std::map<std::string, Operand<float>>,
-                                                                     const InterpreterOptions&);
+                                                                     const InterpreterOptions&, BufferPool<float>*);
 template std::map<std::string, Operand<double>> evaluateRegion<double>(const Region&,
                                                                        std::map<std::string, Operand<double>>,
-                                                                       const InterpreterOptions&);
+                                                                       const InterpreterOptions&, BufferPool<double>*);
 
 }  // namespace bnfold::verify

@@ -23,6 +23,20 @@ struct Operand {
   const Dims& dims() const { return isInteger() ? integer.dims : real.dims; }
 };
 
+/// Buffers kept from one evaluation to the next: weights are read into them, so that a run over many rewrites does
+/// not pay for fresh pages (and their zero-filling) for every weight it reads.
+template <typename T>
+class BufferPool {
+ public:
+  /// A buffer of `size` elements; their values are unspecified.
+  std::vector<T> take(std::size_t size);
+  /// Returns a buffer (and its memory) to the pool.
+  void give(std::vector<T>&& buffer);
+
+ private:
+  std::vector<std::vector<T>> free_;
+};
+
 struct InterpreterOptions {
   /// Evaluate training-mode BatchNormalization as inference mode (the meaning of a frozen BN, for train-bn-freeze).
   bool batchNormAsInference = false;
@@ -34,15 +48,15 @@ class EvaluationError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Reads a constant operand into an Operand (floating types converted to T).
+/// Reads a constant operand into an Operand (floating types converted to T), into a buffer from `pool` if given.
 template <typename T>
-Operand<T> readConstant(const ConstantOperand& constant);
+Operand<T> readConstant(const ConstantOperand& constant, BufferPool<T>* pool = nullptr);
 
 /// Evaluates the region on `inputs` (its run-time inputs by name) and returns every value it computed or read,
 /// by name. Throws EvaluationError.
 template <typename T>
 std::map<std::string, Operand<T>> evaluateRegion(const Region& region, std::map<std::string, Operand<T>> values,
-                                                 const InterpreterOptions& options);
+                                                 const InterpreterOptions& options, BufferPool<T>* pool = nullptr);
 
 /// True when the interpreter evaluates this standard-domain op.
 bool isEvaluableOp(const std::string& opType);

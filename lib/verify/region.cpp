@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "bnfold/ir/model.h"
+#include "interpreter.h"
 #include "rules/value_shape.h"
 
 namespace bnfold::verify {
@@ -159,6 +160,25 @@ RegionPair RegionRecorder::finish(const Model& model) {
     for (const Captured& captured : before_)
       for (const RuntimeInput& input : captured.inputs)
         if (!producedBefore.count(input.name)) leadsBack(graph->lookup(input.name), kLongestPathBetween);
+  // Likewise the unchanged pure ops that compute a run-time input of the original from constants (a chain the
+  // rewrite evaluated only in part): they make it a constant, as the rewrite saw it.
+  std::function<bool(const Value*, int)> computedFromConstants = [&](const Value* value, int depth) {
+    if (!value) return true;
+    if (value->constantTensor()) return true;
+    const Node* producer = value->producer();
+    if (!producer || depth == 0 || liveSet.count(producer) || !isEvaluableOp(producer->opType()) ||
+        !(producer->domain().empty() || producer->domain() == "ai.onnx"))
+      return false;
+    if (between.count(producer)) return true;
+    for (const Value* input : producer->inputs())
+      if (!computedFromConstants(input, depth - 1)) return false;
+    between.insert(producer);
+    return true;
+  };
+  if (graph)
+    for (const Captured& captured : before_)
+      for (const RuntimeInput& input : captured.inputs)
+        if (!producedBefore.count(input.name)) computedFromConstants(graph->lookup(input.name), kLongestPathBetween);
   std::vector<Captured> before = before_;
   for (const Node* node : between) {
     before.push_back(capture(*node));
@@ -179,8 +199,11 @@ RegionPair RegionRecorder::finish(const Model& model) {
       if (readOutside) pair.before.outputs.push_back(name);
     }
   }
-  if (pair.before.outputs.empty()) throw std::runtime_error("nothing outside the rewritten nodes reads their results");
   pair.after.outputs = pair.before.outputs;
+  // An output the rewrite turned into a constant (an evaluated chain that something else reads too).
+  for (const std::string& name : pair.after.outputs)
+    if (const Value* value = graph->lookup(name))
+      if (const Tensor* tensor = value->constantTensor()) pair.after.constants[name] = operandOf(*tensor);
 
   for (const RuntimeInput& input : pair.after.inputs) {
     const bool known = std::any_of(pair.before.inputs.begin(), pair.before.inputs.end(),

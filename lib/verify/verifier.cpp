@@ -214,7 +214,15 @@ DataType regionComputeType(const RegionPair& regions) {
 }
 
 template <typename T>
-nlohmann::json verifyAs(const RegionPair& regions, const VerifySettings& settings) {
+void giveBack(std::map<std::string, Operand<T>>& values, BufferPool<T>& pool) {
+  for (auto& [name, value] : values) pool.give(std::move(value.real.data));
+  values.clear();
+}
+
+}  // namespace
+
+template <typename T>
+nlohmann::json Verifier::verifyAs(const RegionPair& regions, const VerifySettings& settings, BufferPool<T>& pool) {
   nlohmann::json result = {{"passed", false}, {"seed", settings.seed}};
   nlohmann::json outputs = regions.before.outputs;
   result["outputs"] = outputs;
@@ -241,15 +249,16 @@ nlohmann::json verifyAs(const RegionPair& regions, const VerifySettings& setting
         inputs[input.name] = randomOperand<T>(input, dims, type, feedsVariance(regions.before, input.name), settings.seed);
         shapes[input.name] = dims;
       }
-      before = evaluateRegion<T>(regions.before, inputs, beforeOptions);
+      before = evaluateRegion<T>(regions.before, inputs, beforeOptions, &pool);
     } catch (const std::exception& e) {
       lastError = std::string("the original cannot be evaluated: ") + e.what();
       continue;
     }
     try {
-      after = evaluateRegion<T>(regions.after, inputs, {});
+      after = evaluateRegion<T>(regions.after, inputs, {}, &pool);
     } catch (const std::exception& e) {
       lastError = std::string("the rewritten nodes cannot be evaluated: ") + e.what();
+      giveBack(before, pool);
       continue;
     }
     Errors errors;
@@ -273,13 +282,13 @@ nlohmann::json verifyAs(const RegionPair& regions, const VerifySettings& setting
     result["max_rel_error"] = std::isfinite(errors.maxRel) ? nlohmann::json(errors.maxRel) : nlohmann::json("inf");
     result["passed"] = !errors.mismatch && errors.maxRel <= tolerance;
     if (errors.mismatch) result["error"] = errors.mismatchText;
+    giveBack(before, pool);
+    giveBack(after, pool);
     return result;
   }
   result["error"] = lastError.empty() ? "no input shape to try" : lastError;
   return result;
 }
-
-}  // namespace
 
 double toleranceFor(DataType type) {
   switch (type) {
@@ -290,9 +299,9 @@ double toleranceFor(DataType type) {
   }
 }
 
-nlohmann::json verifyRegions(const RegionPair& regions, const VerifySettings& settings) {
-  if (regionComputeType(regions) == DataType::Double) return verifyAs<double>(regions, settings);
-  return verifyAs<float>(regions, settings);
+nlohmann::json Verifier::verify(const RegionPair& regions, const VerifySettings& settings) {
+  if (regionComputeType(regions) == DataType::Double) return verifyAs<double>(regions, settings, doubleBuffers_);
+  return verifyAs<float>(regions, settings, floatBuffers_);
 }
 
 }  // namespace bnfold::verify

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bnfold/ir/tensor.h"
+#include "interpreter.h"
 #include "region.h"
 
 namespace bnfold::verify {
@@ -26,8 +27,19 @@ struct VerifySettings {
   bool batchNormAsInference = false;
 };
 
-/// The report's "verify" object for one rewrite: passed, max_abs_error, max_rel_error, tolerance, data_type,
-/// input_shapes, outputs, seed; "error" instead of the errors when the regions could not be evaluated.
-nlohmann::json verifyRegions(const RegionPair& regions, const VerifySettings& settings);
+/// Verifies the rewrites of one run, one at a time; keeps buffers from one to the next.
+class Verifier {
+ public:
+  /// The report's "verify" object for one rewrite: passed, max_abs_error, max_rel_error, tolerance, data_type,
+  /// input_shapes, outputs, seed; "error" instead of the errors when the regions could not be evaluated.
+  nlohmann::json verify(const RegionPair& regions, const VerifySettings& settings);
+
+ private:
+  template <typename T>
+  nlohmann::json verifyAs(const RegionPair& regions, const VerifySettings& settings, BufferPool<T>& pool);
+
+  BufferPool<float> floatBuffers_;
+  BufferPool<double> doubleBuffers_;
+};
 
 }  // namespace bnfold::verify

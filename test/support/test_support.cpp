@@ -10,7 +10,10 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <catch2/catch.hpp>
 #include <onnx/defs/parser.h>
+
+#include "bnfold/report/findings.h"
 
 namespace bnfold::test {
 namespace fs = std::filesystem;
@@ -60,8 +63,11 @@ Report applyRules(Model& model, const std::vector<std::string>& rules, const Rul
   DriverOptions driverOptions;
   driverOptions.rules = rules;
   driverOptions.ruleOptions = options;
+  driverOptions.verify = true;
   runRules(model, driverOptions, report);
   model.graph().verify();
+  // Every rewrite of every rule test is also checked by --verify: it must pass wherever the rules rewrite.
+  for (const Finding& failure : failedVerifications(report)) FAIL_CHECK(failure.message);
   return report;
 }
 

@@ -27,7 +27,8 @@ int countOps(Model& model, const std::string& opType);
 const Node* findNode(const Graph& graph, const std::string& opType);
 const Node* findNodeByName(Model& model, const std::string& name);
 
-/// Runs the named rules (e.g. {"bn-fold"}) and returns the report. Verifies every graph afterwards.
+/// Runs the named rules (e.g. {"bn-fold"}) with --verify and returns the report. Verifies every graph afterwards,
+/// and fails the test (without stopping it) for each rewrite whose --verify check did not pass.
 Report applyRules(Model& model, const std::vector<std::string>& rules, const RuleOptions& options = {});
 
 /// A fresh empty folder under the system temp folder, removed when the object goes away.
