@@ -15,7 +15,8 @@ const common = require('./common');
 const { OracleError } = common;
 
 const USAGE = `usage: conformance.js --bnfold PATH --checker PATH [--rules RULES] [--out DIR] [--filter SUBSTR]
-                      [--atol X] [--rtol Y] [--data DIR] [--suites a,b,...] [--timeout SECONDS] [--sample N] [--verbose]
+                      [--atol X] [--rtol Y] [--data DIR] [--suites a,b,...] [--timeout SECONDS] [--sample N] [--verify] [--verbose]
+  --verify   runs fold with --verify: every rewrite must also pass bnfold's own numeric check
   --sample N keeps every model whose name says BatchNormalization, Conv, Gemm or MatMul (the ops the rules rewrite)
              and every Nth of the others (default 1: all); the same models in every run
   --rules none (default) requires bitwise-identical outputs; any other value uses --atol/--rtol (default 1e-5)`;
@@ -30,6 +31,7 @@ const DEFAULTS = {
     suites: ['node', 'pytorch-converted', 'pytorch-operator', 'simple'],
     timeout: 120,
     sample: 1,
+    verify: false,
     verbose: false,
 };
 
@@ -208,6 +210,7 @@ function parseArgs(argv) {
             case '--timeout': options.timeout = numberArg(arg, value()); break;
             case '--sample': options.sample = numberArg(arg, value()); break;
             case '--verbose': options.verbose = true; break;
+            case '--verify': options.verify = true; break;
             case '-h': case '--help': process.stdout.write(USAGE + '\n'); process.exit(0); break;
             default: usageError(`unknown argument ${arg}`);
         }
@@ -284,7 +287,8 @@ async function processModel(entry, options, worker) {
 
     // a. fold
     const fold = childProcess.spawnSync(options.bnfold,
-        ['fold', entry.model, '-o', outModel, '--report', outReport, '--rules', options.rules, '-q'],
+        ['fold', entry.model, '-o', outModel, '--report', outReport, '--rules', options.rules, '-q']
+            .concat(options.verify ? ['--verify'] : []),
         { encoding: 'utf8', timeout: options.timeout * 1000, maxBuffer: 64 << 20 });
     record.bnfold = { exit: fold.status, signal: fold.signal || undefined, stderr: (fold.stderr || '').trim() };
     if (fold.status !== 0) {

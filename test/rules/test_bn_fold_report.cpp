@@ -107,11 +107,11 @@ g (float[1,2,3,3] x) => (float[1,2,3,3] y)
 TEST_CASE("reports validate against schema/report.schema.json", "[bn-fold][report][schema]") {
   TempDir dir;
   std::vector<std::string> reports;
-  // Every sample model, with bn-fold alone and with the default rules (the other rules' sections must fit the
-  // schema's open part).
+  // Every sample model, with bn-fold alone, with the default rules (the other rules' sections must fit the
+  // schema's open part), and with every rule and --verify (each entry's "verify" object, the summary).
   for (const std::string& model : sampleModels()) {
-    for (const std::string rules : {"bn-fold", "default"}) {
-      const std::string stem = fs::path(model).stem().string() + "-" + rules;
+    for (const std::string rules : {"bn-fold", "default", "all --freeze-train-bn --verify"}) {
+      const std::string stem = fs::path(model).stem().string() + "-" + rules.substr(0, rules.find(' '));
       const std::string report = dir.file(stem + ".json");
       std::string out, err;
       const int code = runCommand(shellQuote(bnfoldExecutable()) + " fold " + shellQuote(model) + " -o " +
