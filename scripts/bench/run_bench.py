@@ -13,14 +13,19 @@ min and max wall time, the median CPU time (user + sys), and the peak RSS (ru_ma
   ORT basic            scripts/bench/ort_optimize.js: ONNX Runtime session with graph optimisation `basic` and
                        optimizedModelFilePath; "process" is the whole node process, "create" the session
                        creation alone as measured inside the process (excludes node start-up)
+  bnfold --verify      `fold --verify` with its report (issue 15); every run's report must say that each
+                       rewrite was verified and passed, else the tool counts as failed
+  ORT compare          scripts/bench/ort_compare.js: what scripts/ort/compare.js does to the original and
+                       bnfold's folded model (two sessions, one run each, outputs compared); "process" is the
+                       whole node process, "in-process" the comparison alone (excludes node start-up)
 
 Then the rule-scaling measurement (N and 10N residual Conv+BN blocks; rule time = default - --rules none, or
 bnfold's own phase timings when it has a --timings flag, plus the rules phase's instruction count under callgrind
-when valgrind is installed) and a check of the targets of issue 7.
+when valgrind is installed) and a check of the targets of issues 7 and 15.
 
 Usage: scripts/bench/run_bench.py --build-dir DIR [--quick] [--runs N] [--out-dir DIR] [--models a,b]
                                   [--skip-large] [--no-ort] [--no-verify] [--scaling-blocks N] [--no-instructions]
-                                  [--json FILE]
+                                  [--tools a,b] [--json FILE]
 """
 
 import argparse
@@ -43,9 +48,14 @@ GIB = 1 << 30
 # Float32 folding changes weights by an ulp or so; through a deep network that stays well inside these.
 VERIFY_ATOL, VERIFY_RTOL = 1e-5, 1e-4
 
-TOOLS = ["bnfold", "bnfold-none", "floor", "cp", "ort"]
+TOOLS = ["bnfold", "bnfold-none", "floor", "cp", "ort", "bnfold-verify", "ort-compare"]
 TOOL_LABELS = {"bnfold": "bnfold fold", "bnfold-none": "bnfold --rules none", "floor": "floor (protobuf)",
-               "cp": "cp", "ort": "ORT basic (process)", "ort-create": "ORT basic (create)"}
+               "cp": "cp", "ort": "ORT basic (process)", "ort-create": "ORT basic (create)",
+               "bnfold-verify": "bnfold fold --verify", "ort-compare": "ORT compare (process)",
+               "ort-compare-in": "ORT compare (in-proc)"}
+# Tools whose process prints a JSON line with the in-process time of the work itself (node start-up excluded):
+# the key of that time, and the pseudo-tool the figures are kept under.
+IN_PROCESS = {"ort": ("create_s", "ort-create"), "ort-compare": ("compare_s", "ort-compare-in")}
 
 
 class Model:
@@ -223,12 +233,15 @@ class Tool:
         self.argv = argv
 
 
-def make_tools(args, model, files):
+def make_tools(args, model, files, folded):
+    """The tools of args.tools that apply to the model; `folded` is bnfold's output, made beforehand, for the
+    ORT comparison."""
     bnfold = args.build_dir / "apps/bnfold"
     floor = args.build_dir / "apps/bnfold_proto_roundtrip"
     ort_script = SCRIPTS / "bench/ort_optimize.js"
     tools = [
-        Tool("bnfold", lambda out: [bnfold, "fold", files[0], "-o", out / "model.onnx", "-q"]),
+        # --timings costs three clock reads; its phases show what --verify adds to the rules phase.
+        Tool("bnfold", lambda out: [bnfold, "fold", files[0], "-o", out / "model.onnx", "-q", "--timings"]),
         Tool("bnfold-none", lambda out: [bnfold, "fold", files[0], "-o", out / "model.onnx", "-q", "--rules", "none"]),
         Tool("floor", lambda out: [floor, files[0], out / "model.onnx"]),
         Tool("cp", lambda out: ["cp"] + files + [out]),
@@ -236,7 +249,45 @@ def make_tools(args, model, files):
     if not args.no_ort:
         external = ["--external-data", "model.onnx.data"] if len(files) > 1 else []
         tools.append(Tool("ort", lambda out: ["node", ort_script, files[0], out / "model.onnx"] + external))
-    return tools
+    if not model.large:
+        # The >2 GB model's ORT comparison is the [large] test; --verify on it is left out with it.
+        tools.append(Tool("bnfold-verify", lambda out: [bnfold, "fold", files[0], "-o", out / "model.onnx", "-q",
+                                                        "--timings", "--verify", "--report", out / "report.json"]))
+        if not args.no_ort:
+            tools.append(Tool("ort-compare", lambda out: ["node", SCRIPTS / "bench/ort_compare.js", files[0], folded,
+                                                          "--atol", str(VERIFY_ATOL), "--rtol", str(VERIFY_RTOL)]))
+    return [tool for tool in tools if tool.key in args.tools]
+
+
+def check_verification(report_path):
+    """(summary, problem) of a `fold --verify` report: its "verification" object, and what is wrong when the
+    report does not show every rewrite verified and passed (None when all is well)."""
+    try:
+        report = json.loads(report_path.read_text())
+    except (OSError, ValueError) as error:
+        return None, f"no readable report: {error}"
+    summary = report.get("verification")
+    if not isinstance(summary, dict) or not all(isinstance(summary.get(k), int) for k in ("rewrites", "passed",
+                                                                                          "failed")):
+        return None, "the report has no verification summary (rewrites, passed, failed)"
+    # The verdict is on each rewrite's own entries (several entries of one rewrite share it).
+    entries = [e for key, section in report.items() if isinstance(section, list) and key not in
+               ("skipped", "rules", "graph_reordered") for e in section if isinstance(e, dict)]
+    unverified = [e for e in entries if not isinstance(e.get("verify"), dict)]
+    failed = [e for e in entries if isinstance(e.get("verify"), dict) and e["verify"].get("passed") is not True]
+    problems = []
+    if summary["failed"] or summary["passed"] != summary["rewrites"]:
+        problems.append(f"{summary['failed']} of {summary['rewrites']} rewrites failed verification")
+    if summary["rewrites"] == 0:
+        problems.append("nothing was verified (0 rewrites)")
+    if failed:
+        problems.append(f"{len(failed)} report entries with a verify object that did not pass"
+                        f" (first: {json.dumps(failed[0]['verify'])[:200]})")
+    # Constants evaluated on the way carry the verdict of the rewrite that needed them, or none.
+    stray = [e for e in unverified if e not in report.get("evaluated", [])]
+    if stray:
+        problems.append(f"{len(stray)} report entries without a verify object")
+    return summary, "; ".join(problems) or None
 
 
 def summarise(runs):
@@ -255,9 +306,16 @@ def bench_model(args, model):
     result = {"model": model.name, "description": model.description, "files": [str(f) for f in files],
               "bytes": size, "bn_in": counts.get("BatchNormalization", 0), "nodes_in": sum(counts.values()),
               "tools": {}, "errors": {}}
-    tools = make_tools(args, model, files)
+    folded = args.out_dir / "folded" / model.name / "model.onnx"
+    if "ort-compare" in args.tools and not model.large and not args.no_ort:
+        # The ORT comparison's second model: bnfold's output, made once, untimed.
+        clear_folder(folded.parent)
+        run = measure([args.build_dir / "apps/bnfold", "fold", files[0], "-o", folded, "-q"])
+        if run.returncode != 0:
+            fail(f"bnfold fold {files[0]} failed: {run.stderr.strip()[-300:]}")
+    tools = make_tools(args, model, files, folded)
     runs = {tool.key: [] for tool in tools}
-    ort_create = []
+    in_process = {pseudo: [] for _, pseudo in IN_PROCESS.values()}
     scratch = args.out_dir / "run"
     for iteration in range(args.warmup + args.runs):
         for tool in tools:
@@ -271,26 +329,44 @@ def bench_model(args, model):
                 result["errors"][tool.key] = f"exit {run.returncode}: {message}"
                 log(f"  {model.name}: {TOOL_LABELS[tool.key]} failed: {result['errors'][tool.key]}")
                 continue
+            if tool.key == "bnfold-verify":
+                # Every run, warm-up included: a benchmark of a verification that failed is no benchmark.
+                summary, problem = check_verification(out / "report.json")
+                if problem:
+                    result["errors"][tool.key] = f"--verify did not verify: {problem}"
+                    log(f"  {model.name}: {TOOL_LABELS[tool.key]} failed: {result['errors'][tool.key]}")
+                    continue
+                result["verification"] = summary
             if iteration == 0:
                 inspect_output(args, model, tool.key, path, out, result)
             if iteration < args.warmup:
                 continue
             runs[tool.key].append(run)
-            if tool.key == "ort":
+            if tool.key in IN_PROCESS:
+                field, pseudo = IN_PROCESS[tool.key]
                 try:
-                    ort_create.append(json.loads(run.stdout.strip().splitlines()[-1])["create_s"])
+                    timing = json.loads(run.stdout.strip().splitlines()[-1])
+                    in_process[pseudo].append(timing[field])
+                    if tool.key == "ort-compare":
+                        result["ort_compare_check"] = {k: timing.get(k) for k in ("ok", "max_abs", "max_rel")}
                 except (ValueError, KeyError, IndexError):
-                    result["errors"]["ort-create"] = f"no timing line from ort_optimize.js: {run.stdout[:200]}"
+                    result["errors"][pseudo] = f"no timing line from {tool.key}: {run.stdout[:200]}"
         clear_folder(scratch)
     for key, tool_runs in runs.items():
         if tool_runs and key not in result["errors"]:
             result["tools"][key] = summarise(tool_runs)
-    if ort_create and "ort" in result["tools"]:
-        result["tools"]["ort-create"] = {"runs": len(ort_create), "wall_median": statistics.median(ort_create),
-                                         "wall_min": min(ort_create), "wall_max": max(ort_create),
-                                         "cpu_median": None, "rss_max_mb": result["tools"]["ort"]["rss_max_mb"],
-                                         "walls": ort_create}
+            phases = [parse_phases(r.stderr) for r in tool_runs]
+            if all(phases):
+                result["tools"][key]["phases"] = {name: statistics.median(p[name] for p in phases)
+                                                  for name in phases[0]}
+    for key, (_, pseudo) in IN_PROCESS.items():
+        times = in_process[pseudo]
+        if times and key in result["tools"] and pseudo not in result["errors"]:
+            result["tools"][pseudo] = {"runs": len(times), "wall_median": statistics.median(times),
+                                       "wall_min": min(times), "wall_max": max(times), "cpu_median": None,
+                                       "rss_max_mb": result["tools"][key]["rss_max_mb"], "walls": times}
     shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(folded.parent, ignore_errors=True)
     return result
 
 
@@ -449,7 +525,7 @@ def print_model_table(result):
     floor = tools.get("floor", {}).get("wall_median")
     ort = tools.get("ort-create", {}).get("wall_median")
     cp = tools.get("cp", {}).get("wall_median")
-    for key in TOOLS + ["ort-create"]:
+    for key in TOOLS[:5] + ["ort-create"] + TOOLS[5:] + ["ort-compare-in"]:
         if key in result["errors"]:
             print(f"{TOOL_LABELS[key]:<22}  FAILED: {result['errors'][key]}")
             continue
@@ -457,8 +533,9 @@ def print_model_table(result):
             continue
         t = tools[key]
         cpu = f"{t['cpu_median']:.3f}" if t["cpu_median"] is not None else "-"
-        rss = f"{t['rss_max_mb']:.0f}" if key != "ort-create" else "(same)"
-        rss_ratio = f"{t['rss_max_mb'] / size_mb:.2f}" if key != "ort-create" else ""
+        pseudo = key in ("ort-create", "ort-compare-in")
+        rss = f"{t['rss_max_mb']:.0f}" if not pseudo else "(same)"
+        rss_ratio = f"{t['rss_max_mb'] / size_mb:.2f}" if not pseudo else ""
         print(f"{TOOL_LABELS[key]:<22}{t['wall_median']:>10.3f}{t['wall_min']:>9.3f}{t['wall_max']:>9.3f}{cpu:>8}"
               f"{rss:>13}{rss_ratio:>10}{ratio(t['wall_median'], floor):>9}{ratio(t['wall_median'], ort):>12}"
               f"{ratio(t['wall_median'], cp):>9}")
@@ -481,6 +558,34 @@ def print_model_table(result):
             if check.get("error"):
                 line += f" error: {check['error']}"
         print(line)
+    print_verify_lines(result)
+
+
+def print_verify_lines(result):
+    """fold --verify against plain fold and against the ORT comparison (issue 15), and what it verified."""
+    tools = result["tools"]
+    verify = tools.get("bnfold-verify")
+    if not verify:
+        return
+    fold = tools.get("bnfold", {})
+    line = f"fold --verify: {verify['wall_median']:.3f} s = {ratio(verify['wall_median'], fold.get('wall_median'))} fold"
+    for key in ("ort-compare-in", "ort-compare"):
+        if key in tools:
+            line += f", {ratio(verify['wall_median'], tools[key]['wall_median'])} {TOOL_LABELS[key]}"
+    phases = fold.get("phases", {}), verify.get("phases", {})
+    if "rules" in phases[0] and "rules" in phases[1]:
+        line += (f"; rules phase {phases[0]['rules']:.4f} s -> {phases[1]['rules']:.4f} s with --verify "
+                 f"(load {phases[1].get('load', 0):.4f} s, save {phases[1].get('save', 0):.4f} s)")
+    print(line)
+    summary = result.get("verification")
+    if summary:
+        print(f"fold --verify report: {summary['rewrites']} rewrites verified, {summary['passed']} passed, "
+              f"{summary['failed']} failed (every run checked)")
+    check = result.get("ort_compare_check")
+    if check:
+        print(f"ORT compare: outputs {'match' if check.get('ok') else 'DIFFER'}"
+              + (f" (max_abs {check['max_abs']:.2e}, max_rel {check['max_rel']:.2e})"
+                 if check.get("max_abs") is not None and check.get("max_rel") is not None else ""))
 
 
 def print_scaling(scaling):
@@ -530,6 +635,16 @@ def check_targets(results, scaling):
             lines.append(("ResNet-50 peak RSS <= 1.3x file size", f"{rss:.2f}x", rss <= 1.3))
         if fold and cp:
             lines.append(("ResNet-50 stretch: fold within 2x of cp", f"{fold / cp:.1f}x", fold <= 2 * cp))
+    if resnet:
+        verify, fold, compare = (median("resnet50", t) for t in ("bnfold-verify", "bnfold", "ort-compare-in"))
+        if "bnfold-verify" in resnet["errors"]:
+            lines.append(("ResNet-50 fold --verify verifies every rewrite", resnet["errors"]["bnfold-verify"], False))
+        if verify and fold:
+            lines.append(("ResNet-50 fold --verify wall <= 5x fold", f"{verify / fold:.2f}x", verify <= 5 * fold))
+        if verify and compare:
+            process = median("resnet50", "ort-compare")
+            lines.append(("ResNet-50 fold --verify faster than ORT comparison", f"{verify / compare:.2f}x the "
+                          f"comparison's in-process time ({ratio(verify, process)} its process)", verify < compare))
     large = by_name.get("large")
     if large:
         if "bnfold" in large["tools"]:
@@ -577,6 +692,9 @@ def parse_args():
     parser.add_argument("--no-scaling", action="store_true")
     parser.add_argument("--no-instructions", dest="instructions", action="store_false",
                         help="skip the callgrind instruction count of the rules phase (about 2 minutes)")
+    parser.add_argument("--tools", default=",".join(TOOLS),
+                        help="comma-separated subset of: " + ", ".join(TOOLS) + " (e.g. bnfold,bnfold-verify,"
+                        "ort-compare for issue 15's figures alone)")
     parser.add_argument("--json", type=pathlib.Path, help="also write all figures here")
     args = parser.parse_args()
     if args.quick:
@@ -593,6 +711,10 @@ def parse_args():
     unknown = [name for name in args.models if name not in known]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    args.tools = [name for name in args.tools.split(",") if name]
+    unknown = [name for name in args.tools if name not in TOOLS]
+    if unknown:
+        parser.error(f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(TOOLS)}")
     if args.skip_large and "large" in args.models:
         args.models.remove("large")
     return args
@@ -643,7 +765,7 @@ def main():
 
     targets = check_targets(results, scaling)
     if targets:
-        print("\n## targets (issue 7)")
+        print("\n## targets (issues 7 and 15)")
         for description, measured, ok in targets:
             print(f"{'PASS' if ok else 'FAIL'}  {description:<55} {measured}")
     machine["loadavg_end"] = os.getloadavg()
