@@ -19,7 +19,7 @@ _bnfold() {
   fi
 
   local global_opts="-h --help --help-all --version -v --verbose -q --quiet"
-  local rule_opts="--rules --keep --keep-op --input-defaults-are-constant --freeze-train-bn"
+  local rule_opts="--rules --keep --keep-op --input-defaults-are-constant --freeze-train-bn --max-constant-size --verify"
   local command="" i
   for ((i = 1; i < cword; i++)); do
     case "${words[i]}" in
