@@ -93,6 +93,7 @@ std::string githubEscape(const std::string& text, bool property) {
 
 struct Totals {
   std::size_t models = 0, invalid = 0, clean = 0, findings = 0, failing = 0;
+  std::size_t verified = 0, verifyFailed = 0;  // rewrites checked by --verify, and those that failed
   std::map<std::string, std::size_t> byCategory;
   std::map<std::string, std::size_t> failingByCategory;
 };
@@ -104,6 +105,8 @@ Totals totalsOf(const std::vector<ModelCheck>& checks) {
     totals.invalid += !check.valid;
     totals.clean += check.findings.empty();
     for (const Finding& finding : check.findings) {
+      if (finding.category == "verify-failed") ++totals.verifyFailed;
+      else if (finding.entry.is_object() && finding.entry.contains("verify")) ++totals.verified;
       ++totals.findings;
       ++totals.byCategory[finding.category];
       if (isFailing(finding)) {
@@ -129,7 +132,8 @@ std::string categoryCounts(const std::map<std::string, std::size_t>& counts) {
   return text;
 }
 
-void printText(const std::vector<ModelCheck>& checks, const Totals& totals, const std::set<std::string>& failOn) {
+void printText(const std::vector<ModelCheck>& checks, const Totals& totals, const std::set<std::string>& failOn,
+               bool verifying) {
   const Painter paint(colourAllowed(stdout));
   std::size_t categoryWidth = 0;
   for (const FindingCategory& category : findingCategories())
@@ -155,7 +159,9 @@ void printText(const std::vector<ModelCheck>& checks, const Totals& totals, cons
             << " clean, " << totals.models - totals.clean - totals.invalid << " with findings, " << totals.invalid
             << " invalid; " << totals.findings << (totals.findings == 1 ? " finding" : " findings");
   if (totals.findings) std::cout << " (" << categoryCounts(totals.byCategory) << ")";
-  std::cout << "; " << totals.failing << " failing under " << failing << "\n";
+  std::cout << "; " << totals.failing << " failing under " << failing;
+  if (verifying) std::cout << "; " << totals.verified << " rewrites verified, " << totals.verifyFailed << " failed";
+  std::cout << "\n";
 }
 
 void printJson(const std::vector<ModelCheck>& checks, const Totals& totals, const std::set<std::string>& failOn,
@@ -184,7 +190,9 @@ void printJson(const std::vector<ModelCheck>& checks, const Totals& totals, cons
         {"findings", totals.findings},
         {"failing", totals.failing},
         {"by_category", totals.byCategory},
-        {"failing_by_category", totals.failingByCategory}}},
+        {"failing_by_category", totals.failingByCategory},
+        {"verified", totals.verified},
+        {"verify_failed", totals.verifyFailed}}},
       {"exit_code", exitCodeOf(totals)}};
   std::cout << document.dump(2) << "\n";
 }
@@ -216,7 +224,7 @@ int runCheck(const CheckOptions& options) {
   if (options.format == "json") printJson(checks, totals, failOn, driverOptions.rules);
   else if (options.format == "ndjson") printNdjson(checks);
   else if (options.format == "github") printGithub(checks);
-  else printText(checks, totals, failOn);
+  else printText(checks, totals, failOn, options.ruleFlags.verify);
   std::cout.flush();
   return exitCodeOf(totals);
 }
