@@ -571,8 +571,8 @@ std::vector<T> BufferPool<T>::take(std::size_t size) {
 
 template <typename T>
 void BufferPool<T>::give(std::vector<T>&& buffer) {
-  constexpr std::size_t kKept = 8;
-  if (buffer.capacity() == 0) return;
+  constexpr std::size_t kKept = 16;
+  if (buffer.capacity() < kPooledElements) return;
   free_.push_back(std::move(buffer));
   if (free_.size() > kKept)
     free_.erase(std::min_element(free_.begin(), free_.end(),
@@ -592,7 +592,8 @@ Operand<T> readConstant(const ConstantOperand& constant, BufferPool<T>* pool) {
     Operand<T> out;
     out.type = constant.type;
     out.real.dims = constant.dims;
-    out.real.data = pool ? pool->take(static_cast<std::size_t>(count)) : std::vector<T>(static_cast<std::size_t>(count));
+    const auto elements = static_cast<std::size_t>(count);
+    out.real.data = pool && elements >= kPooledElements ? pool->take(elements) : std::vector<T>(elements);
     if (byteCount > 0) constant.bytes->read(0, static_cast<int64_t>(byteCount), reinterpret_cast<char*>(out.real.data.data()));
     return out;
   }

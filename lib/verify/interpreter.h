@@ -25,6 +25,9 @@ struct Operand {
 
 /// Buffers kept from one evaluation to the next: weights are read into them, so that a run over many rewrites does
 /// not pay for fresh pages (and their zero-filling) for every weight it reads.
+/// Buffers smaller than this are not worth keeping: allocating them costs less than a page fault.
+inline constexpr std::size_t kPooledElements = std::size_t{1} << 14;
+
 template <typename T>
 class BufferPool {
  public:
