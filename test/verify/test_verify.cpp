@@ -445,6 +445,98 @@ TEST_CASE("verify: the same seed gives the same verdict, another seed other inpu
   CHECK(other.first["max_abs_error"] != first.first["max_abs_error"]);
 }
 
+TEST_CASE("verify: on stand-in shapes every single folded weight element is observed", "[verify]") {
+  // The stand-in claims to reach every kernel position: check it element by element. Each weight element in turn
+  // is moved by 10% of the weight's largest magnitude; every one of those rewrites must fail.
+  struct Case {
+    std::string name, text, layer;
+  };
+  auto layerBn = [](const std::string& inputs, const std::string& outputs, const std::string& weight,
+                    const std::string& layer, std::size_t channels) {
+    const BnParams p = makeBnParams(channels, 11.0);
+    return R"(<ir_version: 8, opset_import: ["" : 13]>
+g ()" + inputs + ") => (" + outputs + R"()
+<)" + weight + ", " + bnInitializers(p) + R"(>
+{
+  c = )" + layer + R"(
+)" + bnNode(p, "c", "y") + "}\n";
+  };
+  const std::vector<Case> cases = {
+      {"Conv 3x3 pads 1", layerBn("float[N,3,H,W] x", "float[N,4,H,W] y", floats("w", {4, 3, 3, 3}, 12.0),
+                                  "Conv <pads = [1,1,1,1]> (x, w)", 4), "Conv"},
+      {"Conv stride 2 dilation 2 grouped",
+       layerBn("float[N,4,H,W] x", "float[N,4,H2,W2] y", floats("w", {4, 2, 3, 3}, 13.0),
+               "Conv <strides = [2,2], dilations = [2,2], group = 2> (x, w)", 4), "Conv"},
+      {"ConvTranspose k4 s2 p1", layerBn("float[N,3,H,W] x", "float[N,2,H2,W2] y", floats("w", {3, 2, 4, 4}, 14.0),
+                                         "ConvTranspose <strides = [2,2], pads = [1,1,1,1]> (x, w)", 2),
+       "ConvTranspose"},
+      {"Gemm transB", layerBn("float[N,5] x", "float[N,3] y", floats("w", {3, 5}, 15.0), "Gemm <transB = 1> (x, w)", 3),
+       "Gemm"},
+      // The fold gives the MatMul a bias, which makes it a Gemm.
+      {"MatMul", layerBn("float[N,5] x", "float[N,3] y", floats("w", {5, 3}, 16.0), "MatMul (x, w)", 3), "Gemm"},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      {
+        auto model = parseModel(c.text);
+        const Report report = run(*model, {"bn-fold"});
+        INFO(report.dump());
+        REQUIRE(onlyEntry(report, "folds")["verify"]["passed"] == true);
+      }
+      std::size_t elements = 0, missed = 0;
+      for (std::size_t i = 0;; ++i) {
+        auto model = parseModel(c.text);
+        FaultLog log;
+        bool inRange = true;
+        const Edit nudge = [&](std::vector<double>& values, const std::vector<int64_t>&) {
+          if (i >= values.size()) {
+            inRange = false;
+            return;
+          }
+          values[i] += 0.1 * std::abs(values[largestElement(values)]);
+        };
+        const Report report = run(*model, {"bn-fold"}, {}, injector({inputOf(c.layer, 1), nudge}, log));
+        REQUIRE(log.applied);
+        if (!inRange) break;
+        ++elements;
+        if (onlyEntry(report, "folds")["verify"]["passed"] != false) {
+          ++missed;
+          UNSCOPED_INFO("weight element " << i << " changed, still passed: "
+                                          << onlyEntry(report, "folds")["verify"].dump());
+        }
+      }
+      CHECK(elements > 10);
+      CHECK(missed == 0);
+    }
+  }
+}
+
+TEST_CASE("verify: a wrong attribute on the rewritten node fails", "[verify]") {
+  // The frozen BatchNormalization given another epsilon: the rewrite now computes something else.
+  RuleOptions options;
+  options.freezeTrainingBatchNorm = true;
+  auto model = parseModel(trainingBnText());
+  bool applied = false;
+  auto hook = [&](Rewriter& rewriter, const std::vector<Node*>& nodes) {
+    for (const Node* node : nodes)
+      if (node->opType() == "BatchNormalization" && !applied) {
+        onnx::AttributeProto epsilon;
+        epsilon.set_name("epsilon");
+        epsilon.set_type(onnx::AttributeProto::FLOAT);
+        epsilon.set_f(0.1f);
+        rewriter.setAttribute(node, epsilon);
+        applied = true;
+      }
+  };
+  const Report report = run(*model, {"train-bn-freeze"}, options, hook);
+  INFO(report.dump());
+  REQUIRE(applied);
+  const json& verify = onlyEntry(report, "frozen")["verify"];
+  CHECK(verify["passed"] == false);
+  CHECK(verify["max_rel_error"].get<double>() > verify["tolerance"].get<double>());
+  CHECK(failedVerifications(report).size() == 1);
+}
+
 // ---- 3. data types ----
 
 TEST_CASE("verify: Conv+BN folds in double, float16 and bfloat16 pass with their own tolerance", "[verify]") {
