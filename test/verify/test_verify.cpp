@@ -1,0 +1,694 @@
+// --verify (issue 15): every rewrite's original and rewritten nodes evaluated on seeded random inputs and compared.
+// A verifier that passes everything is worthless, so each rule is run twice on the same model: as it is (the
+// rewrite must pass) and with a fault injected right after the rewrite through DriverOptions::injectFaultForTesting
+// (the rewrite must fail, with an error above the tolerance, a verify-failed finding naming it, and 1 failure in
+// the summary). Then the report's "verify" object field by field, the shapes it picks, the data types and their
+// tolerances, and the CLI.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../rules/test_bn_fold_support.h"
+#include "bnfold/io/model_io.h"
+#include "bnfold/report/findings.h"
+#include "bnfold/rewrite/driver.h"
+#include "bnfold/rewrite/rewriter.h"
+#include "test_support.h"
+
+using namespace bnfold;
+using namespace bnfold::test;
+using namespace bnfold::test::bnfold_cases;
+using nlohmann::json;
+
+namespace {
+
+// ---- models ----
+
+std::string floats(const std::string& name, const std::vector<int64_t>& dims, double seed) {
+  return tensorText("float", name, dims, asFloats(sampleValues(product(dims, 0), seed)));
+}
+
+std::string bnNode(const BnParams& p, const std::string& input, const std::string& output) {
+  char epsilon[40];
+  std::snprintf(epsilon, sizeof epsilon, "%.9g", p.epsilon);
+  return "  " + output + " = BatchNormalization <epsilon = " + epsilon + "> (" + input + ", s, b, m, v)\n";
+}
+
+// Conv (3x3, pads 1, no bias) + BN on `xType` x: what bn-fold rewrites.
+std::string convBnText(const std::string& xType, const std::string& yType, const std::string& convAttributes =
+                                                                                "pads = [1,1,1,1]") {
+  const BnParams p = makeBnParams(4, 1.0);
+  return R"(<ir_version: 8, opset_import: ["" : 13]>
+g ()" + xType + " x) => (" + yType + R"( y)
+<)" + floats("w", {4, 3, 3, 3}, 2.0) + ", " + bnInitializers(p) + R"(>
+{
+  c = Conv <)" + convAttributes + R"(> (x, w)
+)" + bnNode(p, "c", "y") + "}\n";
+}
+
+const std::string kConvBn = convBnText("float[1,3,4,4]", "float[1,4,4,4]");
+
+// BN before an unpadded Conv: bn-forward.
+std::string bnConvText() {
+  const BnParams p = makeBnParams(3, 3.0);
+  return R"(<ir_version: 8, opset_import: ["" : 15]>
+g (float[1,3,6,6] x) => (float[1,4,4,4] y)
+<)" + bnInitializers(p) + ", " + floats("w", {4, 3, 3, 3}, 4.0) + R"(>
+{
+)" + bnNode(p, "x", "n") + R"(  y = Conv (n, w)
+}
+)";
+}
+
+// Conv then a per-channel constant Add: bias-add.
+std::string convAddText() {
+  return R"(<ir_version: 8, opset_import: ["" : 13]>
+g (float[1,3,4,4] x) => (float[1,4,4,4] y)
+<)" + floats("w", {4, 3, 3, 3}, 5.0) + R"(, float[4] cb = {0.25, -0.5, 0.75, -1}, float[4,1,1] k = {1.5, -0.25, 0.5, 2}>
+{
+  c = Conv <pads = [1,1,1,1]> (x, w, cb)
+  y = Add (c, k)
+}
+)";
+}
+
+// Conv then a per-channel constant Mul: scale-fold.
+std::string convMulText() {
+  return R"(<ir_version: 8, opset_import: ["" : 13]>
+g (float[1,3,4,4] x) => (float[1,4,4,4] y)
+<)" + floats("w", {4, 3, 3, 3}, 6.0) + R"(, float[4] cb = {0.25, -0.5, 0.75, -1}, float[1,4,1,1] k = {1.5, -0.75, 0.5, 2}>
+{
+  c = Conv <pads = [1,1,1,1]> (x, w, cb)
+  y = Mul (c, k)
+}
+)";
+}
+
+// BN on a graph input (no layer to fold into): bn-decompose.
+std::string bnOnInputText() {
+  const BnParams p = makeBnParams(3, 7.0);
+  return R"(<ir_version: 8, opset_import: ["" : 13]>
+g (float[1,3,4,4] x) => (float[1,3,4,4] y)
+<)" + bnInitializers(p) + R"(>
+{
+)" + bnNode(p, "x", "y") + "}\n";
+}
+
+// Training-mode BN after a Conv, Y and the running statistics read: train-bn-expand and train-bn-freeze.
+std::string trainingBnText() {
+  const BnParams p = makeBnParams(3, 8.0);
+  return R"(<ir_version: 8, opset_import: ["" : 15]>
+g (float[2,3,4,5] x) => (float[2,3,4,5] y, float[3] running_mean, float[3] running_var)
+<)" + floats("w", {3, 3, 1, 1}, 9.0) + ", " + bnInitializers(p) + R"(>
+{
+  c = Conv (x, w)
+  y, running_mean, running_var = BatchNormalization <epsilon = 0.001, momentum = 0.875, training_mode = 1> (c, s, b, m, v)
+}
+)";
+}
+
+// ---- faults ----
+
+// Which constant input of the rewritten nodes to break: the first (node, slot) in the hook's node order for
+// which `pick` holds.
+using Pick = std::function<bool(const Node& node, int slot, const Tensor& tensor)>;
+// Changes the values of a copy of that constant (dims given for channel-wise edits).
+using Edit = std::function<void(std::vector<double>& values, const std::vector<int64_t>& dims)>;
+
+Pick inputOf(const std::string& opType, int slot) {
+  return [=](const Node& node, int s, const Tensor&) { return node.opType() == opType && s == slot; };
+}
+Pick constantNamed(const std::string& name) {
+  return [=](const Node& node, int s, const Tensor&) { return node.input(static_cast<std::size_t>(s))->name() == name; };
+}
+// The constant of a node of that type with the most elements (a weight rather than an epsilon).
+Pick largestConstantOf(const std::string& opType, int64_t atLeast) {
+  return [=](const Node& node, int, const Tensor& tensor) {
+    return node.opType() == opType && tensor.elementCount() >= atLeast;
+  };
+}
+
+std::size_t largestElement(const std::vector<double>& values) {
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < values.size(); ++i)
+    if (std::abs(values[i]) > std::abs(values[best])) best = i;
+  return best;
+}
+
+// The largest-magnitude element changed by `fraction` of its magnitude.
+Edit nudgeLargest(double fraction) {
+  return [fraction](std::vector<double>& values, const std::vector<int64_t>&) {
+    const std::size_t i = largestElement(values);
+    values[i] += fraction * std::abs(values[i]);
+  };
+}
+// One element plus a constant.
+Edit addTo(std::size_t index, double delta) {
+  return [=](std::vector<double>& values, const std::vector<int64_t>&) { values.at(index) += delta; };
+}
+// Output channels (axis 0) a and b exchanged.
+Edit swapChannels(std::size_t a, std::size_t b) {
+  return [=](std::vector<double>& values, const std::vector<int64_t>& dims) {
+    const std::size_t block = product(dims, 1);
+    std::swap_ranges(values.begin() + static_cast<std::ptrdiff_t>(a * block),
+                     values.begin() + static_cast<std::ptrdiff_t>((a + 1) * block),
+                     values.begin() + static_cast<std::ptrdiff_t>(b * block));
+  };
+}
+
+struct Fault {
+  Pick pick;
+  Edit edit;
+};
+
+// What the hook did, so a test can require that the fault really went in.
+struct FaultLog {
+  int calls = 0;
+  bool applied = false;
+  std::string node;       // the node whose input was replaced
+  std::string original;   // the constant it read
+  double maxChange = 0;   // largest |new - old| over the elements
+};
+
+// Breaks the first rewrite only: the hook is called after every one.
+std::function<void(Rewriter&, const std::vector<Node*>&)> injector(const Fault& fault, FaultLog& log) {
+  return [fault, &log](Rewriter& rewriter, const std::vector<Node*>& nodes) {
+    if (log.calls++ != 0) return;
+    for (const Node* node : nodes) {
+      for (std::size_t slot = 0; slot < node->inputs().size(); ++slot) {
+        const Value* input = node->input(slot);
+        const Tensor* tensor = input ? input->constantTensor() : nullptr;
+        if (!tensor || !isFloatingPoint(tensor->dataType())) continue;
+        if (!fault.pick(*node, static_cast<int>(slot), *tensor)) continue;
+        const std::vector<double> before = tensor->toDoubles();
+        std::vector<double> values = before;
+        fault.edit(values, tensor->dims());
+        for (std::size_t i = 0; i < values.size(); ++i) log.maxChange = std::max(log.maxChange, std::abs(values[i] - before[i]));
+        Tensor broken = Tensor::fromDoubles(input->name() + "_broken", tensor->dataType(), tensor->dims(), values);
+        log.node = node->name();
+        log.original = input->name();
+        const Value* replacement = rewriter.addInitializer(*node->graph(), std::move(broken), input->name() + "_broken");
+        rewriter.setInput(node, static_cast<int>(slot), replacement);
+        log.applied = true;
+        return;
+      }
+    }
+  };
+}
+
+Report run(Model& model, const std::vector<std::string>& rules, const RuleOptions& options = {},
+           std::function<void(Rewriter&, const std::vector<Node*>&)> hook = {}, uint64_t seed = 0) {
+  DriverOptions driver;
+  driver.rules = rules;
+  driver.ruleOptions = options;
+  driver.verify = true;
+  if (seed) driver.verifySeed = seed;
+  driver.injectFaultForTesting = std::move(hook);
+  Report report;
+  runRules(model, driver, report);
+  model.graph().verify();
+  return report;
+}
+
+// A rule, a model it rewrites once, and where that rewrite is reported.
+struct RuleCase {
+  std::string rule;
+  std::string text;
+  std::string section;      // report section of the rewrite
+  std::string removedNode;  // the node the finding names
+  RuleOptions options;
+};
+
+const json& onlyEntry(const Report& report, const std::string& section) {
+  const json& entries = report.section(section);
+  REQUIRE(entries.size() == 1);
+  REQUIRE(entries[0].contains("verify"));
+  return entries[0];
+}
+
+// The rule's rewrite as it is passes --verify.
+void expectPasses(const RuleCase& c) {
+  auto model = parseModel(c.text);
+  const Report report = run(*model, {c.rule}, c.options);
+  INFO(report.dump());
+  const json& verify = onlyEntry(report, c.section)["verify"];
+  CHECK(verify["passed"] == true);
+  CHECK_FALSE(verify.contains("error"));
+  CHECK(verify["max_rel_error"].get<double>() <= verify["tolerance"].get<double>());
+  CHECK(failedVerifications(report).empty());
+  const json& summary = report.json().at("verification");
+  CHECK(summary["rewrites"] == 1);
+  CHECK(summary["passed"] == 1);
+  CHECK(summary["failed"] == 0);
+}
+
+// The same rewrite broken by `fault` fails --verify, and says so everywhere it should. Returns the verify object.
+json expectCaught(const RuleCase& c, const Fault& fault) {
+  auto model = parseModel(c.text);
+  FaultLog log;
+  const Report report = run(*model, {c.rule}, c.options, injector(fault, log));
+  INFO(report.dump());
+  REQUIRE(log.applied);  // otherwise this test would prove nothing
+  CHECK(log.calls == 1);
+  CHECK(log.maxChange > 0);
+  const json& entry = onlyEntry(report, c.section);
+  const json& verify = entry["verify"];
+  CHECK(entry["rule"] == c.rule);
+  CHECK(verify["passed"] == false);
+  CHECK_FALSE(verify.contains("error"));  // evaluated and found wrong, not "could not evaluate"
+  CHECK(verify["data_type"] == "float");
+  CHECK(verify["tolerance"].get<double>() == 1e-4);
+  CHECK(verify["max_rel_error"].get<double>() > verify["tolerance"].get<double>());
+  CHECK(verify["max_abs_error"].get<double>() > 0);
+  const std::vector<Finding> failures = failedVerifications(report);
+  REQUIRE(failures.size() == 1);
+  CHECK(failures[0].category == "verify-failed");
+  CHECK(failures[0].severity == Severity::Error);
+  CHECK(failures[0].rule == c.rule);
+  CHECK(failures[0].node == c.removedNode);
+  CHECK_THAT(failures[0].message, Catch::Contains(c.rule) && Catch::Contains("'" + c.removedNode + "'") &&
+                                      Catch::Contains("failed verification"));
+  const json& summary = report.json().at("verification");
+  CHECK(summary["rewrites"] == 1);
+  CHECK(summary["passed"] == 0);
+  CHECK(summary["failed"] == 1);
+  return verify;
+}
+
+const RuleCase kBnFold{"bn-fold", kConvBn, "folds", "BatchNormalization_0", {}};
+
+}  // namespace
+
+// ---- 1. injected faults, one rule at a time ----
+
+TEST_CASE("verify: bn-fold with a folded weight or bias made wrong fails", "[verify]") {
+  expectPasses(kBnFold);
+  SECTION("largest weight element off by 10%") { expectCaught(kBnFold, {inputOf("Conv", 1), nudgeLargest(0.1)}); }
+  SECTION("two output channels of the weight swapped") {
+    expectCaught(kBnFold, {inputOf("Conv", 1), swapChannels(0, 1)});
+  }
+  SECTION("one bias element off by 1") { expectCaught(kBnFold, {inputOf("Conv", 2), addTo(2, 1.0)}); }
+}
+
+TEST_CASE("verify: a 1% error in one float weight element is caught", "[verify]") {
+  // About 1e-2 * |w| on one term of a 27-term dot product: still some 30x the float tolerance of 1e-4.
+  const json verify = expectCaught(kBnFold, {inputOf("Conv", 1), nudgeLargest(0.01)});
+  CHECK(verify["max_rel_error"].get<double>() > 10 * verify["tolerance"].get<double>());
+}
+
+TEST_CASE("verify: bn-forward with a wrong folded weight fails", "[verify]") {
+  const RuleCase c{"bn-forward", bnConvText(), "folds", "BatchNormalization_0", {}};
+  expectPasses(c);
+  expectCaught(c, {inputOf("Conv", 1), nudgeLargest(0.1)});
+}
+
+TEST_CASE("verify: bias-add with a wrong new bias fails", "[verify]") {
+  const RuleCase c{"bias-add", convAddText(), "bias_absorbed", "Add_0", {}};
+  expectPasses(c);
+  expectCaught(c, {inputOf("Conv", 2), nudgeLargest(0.1)});
+}
+
+TEST_CASE("verify: scale-fold with two output channels of the scaled weight swapped fails", "[verify]") {
+  const RuleCase c{"scale-fold", convMulText(), "scale_folded", "Mul_0", {}};
+  expectPasses(c);
+  expectCaught(c, {inputOf("Conv", 1), swapChannels(1, 3)});
+}
+
+TEST_CASE("verify: bn-decompose with a wrong multiplier fails", "[verify]") {
+  const RuleCase c{"bn-decompose", bnOnInputText(), "decomposed", "BatchNormalization_0", {}};
+  expectPasses(c);
+  expectCaught(c, {largestConstantOf("Mul", 3), nudgeLargest(0.1)});
+}
+
+TEST_CASE("verify: train-bn-expand with a wrong emitted constant fails", "[verify]") {
+  const RuleCase c{"train-bn-expand", trainingBnText(), "expanded", "BatchNormalization_0", {}};
+  expectPasses(c);
+  SECTION("the per-channel shift added to Y") { expectCaught(c, {largestConstantOf("Add", 3), nudgeLargest(0.1)}); }
+  SECTION("the running mean (only the running_mean output reads it)") {
+    expectCaught(c, {constantNamed("m"), addTo(0, 1.0)});
+  }
+}
+
+TEST_CASE("verify: train-bn-freeze with a wrong scale fails", "[verify]") {
+  RuleOptions options;
+  options.freezeTrainingBatchNorm = true;
+  const RuleCase c{"train-bn-freeze", trainingBnText(), "frozen", "BatchNormalization_0", options};
+  expectPasses(c);
+  expectCaught(c, {inputOf("BatchNormalization", 1), nudgeLargest(0.1)});
+}
+
+// ---- 2. what the report says ----
+
+TEST_CASE("verify: a Conv+BN fold's verify object has every documented field", "[verify]") {
+  auto model = parseModel(kConvBn);
+  const Report report = run(*model, {"bn-fold"});
+  INFO(report.dump());
+  const json& verify = onlyEntry(report, "folds")["verify"];
+  REQUIRE(verify.is_object());
+  std::vector<std::string> keys;
+  for (const auto& item : verify.items()) keys.push_back(item.key());
+  std::sort(keys.begin(), keys.end());
+  CHECK(keys == std::vector<std::string>{"data_type", "input_shapes", "max_abs_error", "max_rel_error", "outputs",
+                                         "passed", "seed", "tolerance"});
+  CHECK(verify["passed"].is_boolean());
+  CHECK(verify["passed"] == true);
+  REQUIRE(verify["max_abs_error"].is_number());
+  REQUIRE(verify["max_rel_error"].is_number());
+  // The folded weights are rounded to float, so the two sides differ a little: both were really computed.
+  CHECK(verify["max_abs_error"].get<double>() > 0);
+  CHECK(verify["max_rel_error"].get<double>() > 0);
+  CHECK(verify["max_rel_error"].get<double>() <= 1e-5);
+  CHECK(verify["tolerance"].is_number_float());
+  CHECK(verify["tolerance"].get<double>() == 1e-4);
+  CHECK(verify["data_type"] == "float");
+  CHECK(verify["input_shapes"] == json{{"x", {1, 3, 4, 4}}});  // the real shape: it is small
+  CHECK(verify["outputs"] == json::array({"y"}));
+  CHECK(verify["seed"].is_number_unsigned());
+
+  const json& summary = report.json().at("verification");
+  CHECK(summary == json{{"rewrites", 1}, {"passed", 1}, {"failed", 0}, {"seed", DriverOptions{}.verifySeed}});
+  // driver.h: "each rewrite adds its number to it"; this is rewrite 1.
+  CHECK(verify["seed"].get<uint64_t>() == DriverOptions{}.verifySeed + 1);
+}
+
+TEST_CASE("verify: no verify objects or summary without --verify", "[verify]") {
+  auto model = parseModel(kConvBn);
+  DriverOptions driver;
+  driver.rules = {"bn-fold"};
+  Report report;
+  runRules(*model, driver, report);
+  REQUIRE(report.section("folds").size() == 1);
+  CHECK_FALSE(report.section("folds")[0].contains("verify"));
+  CHECK_FALSE(report.json().contains("verification"));
+}
+
+TEST_CASE("verify: large or symbolic inputs get a small stand-in shape", "[verify]") {
+  struct Case {
+    std::string name, xType, yType, convAttributes;
+    std::vector<int64_t> expected;
+  };
+  // Batch 2; each spatial dim is the dilated kernel extent plus one stride.
+  const std::vector<Case> cases = {
+      {"under the size limit: real shape", "float[1,3,64,64]", "float[1,4,64,64]", "pads = [1,1,1,1]", {1, 3, 64, 64}},
+      {"large", "float[1,3,224,224]", "float[1,4,224,224]", "pads = [1,1,1,1]", {2, 3, 4, 4}},
+      {"symbolic", "float[N,3,H,W]", "float[N,4,H,W]", "pads = [1,1,1,1]", {2, 3, 4, 4}},
+      {"stride 2", "float[N,3,H,W]", "float[N,4,H2,W2]", "strides = [2,2]", {2, 3, 5, 5}},
+      {"dilation 2", "float[N,3,H,W]", "float[N,4,H2,W2]", "dilations = [2,2]", {2, 3, 6, 6}},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      auto model = parseModel(convBnText(c.xType, c.yType, c.convAttributes));
+      const Report report = run(*model, {"bn-fold"});
+      INFO(report.dump());
+      const json& verify = onlyEntry(report, "folds")["verify"];
+      CHECK(verify["passed"] == true);
+      CHECK(verify["input_shapes"] == json{{"x", c.expected}});
+    }
+  }
+}
+
+TEST_CASE("verify: a fault at a kernel corner is caught on the stand-in shape too", "[verify]") {
+  // With x [N,3,H,W] the inputs are a made-up [2,3,4,4]: the last weight element (last output channel, last input
+  // channel, kernel position (2,2)) must still be read by some output position.
+  const RuleCase c{"bn-fold", convBnText("float[N,3,H,W]", "float[N,4,H,W]"), "folds", "BatchNormalization_0", {}};
+  expectPasses(c);
+  const std::size_t last = 4 * 3 * 3 * 3 - 1;
+  const json verify = expectCaught(c, {inputOf("Conv", 1), addTo(last, 0.1)});
+  CHECK(verify["input_shapes"] == json{{"x", {2, 3, 4, 4}}});
+}
+
+TEST_CASE("verify: the same seed gives the same verdict, another seed other inputs", "[verify]") {
+  auto verifyWithSeed = [](uint64_t seed) {
+    auto model = parseModel(convBnText("float[N,3,H,W]", "float[N,4,H,W]"));
+    const Report report = run(*model, {"bn-fold"}, {}, {}, seed);
+    return std::make_pair(onlyEntry(report, "folds")["verify"], report.json().at("verification"));
+  };
+  const auto first = verifyWithSeed(1234);
+  const auto again = verifyWithSeed(1234);
+  CHECK(first.first == again.first);
+  CHECK(first.second == again.second);
+  CHECK(first.second["seed"] == 1234);
+  CHECK(first.first["seed"] == 1235);
+  const auto other = verifyWithSeed(98765);
+  CHECK(other.first["seed"] == 98766);
+  CHECK(other.first["passed"] == true);
+  CHECK(other.first["input_shapes"] == first.first["input_shapes"]);
+  // Other random inputs, so (almost surely) another largest rounding error.
+  CHECK(other.first["max_abs_error"] != first.first["max_abs_error"]);
+}
+
+TEST_CASE("verify: on stand-in shapes every single folded weight element is observed", "[verify]") {
+  // The stand-in claims to reach every kernel position: check it element by element. Each weight element in turn
+  // is moved by 10% of the weight's largest magnitude; every one of those rewrites must fail.
+  struct Case {
+    std::string name, text, layer;
+  };
+  auto layerBn = [](const std::string& inputs, const std::string& outputs, const std::string& weight,
+                    const std::string& layer, std::size_t channels) {
+    const BnParams p = makeBnParams(channels, 11.0);
+    return R"(<ir_version: 8, opset_import: ["" : 13]>
+g ()" + inputs + ") => (" + outputs + R"()
+<)" + weight + ", " + bnInitializers(p) + R"(>
+{
+  c = )" + layer + R"(
+)" + bnNode(p, "c", "y") + "}\n";
+  };
+  const std::vector<Case> cases = {
+      {"Conv 3x3 pads 1", layerBn("float[N,3,H,W] x", "float[N,4,H,W] y", floats("w", {4, 3, 3, 3}, 12.0),
+                                  "Conv <pads = [1,1,1,1]> (x, w)", 4), "Conv"},
+      {"Conv stride 2 dilation 2 grouped",
+       layerBn("float[N,4,H,W] x", "float[N,4,H2,W2] y", floats("w", {4, 2, 3, 3}, 13.0),
+               "Conv <strides = [2,2], dilations = [2,2], group = 2> (x, w)", 4), "Conv"},
+      {"ConvTranspose k4 s2 p1", layerBn("float[N,3,H,W] x", "float[N,2,H2,W2] y", floats("w", {3, 2, 4, 4}, 14.0),
+                                         "ConvTranspose <strides = [2,2], pads = [1,1,1,1]> (x, w)", 2),
+       "ConvTranspose"},
+      {"Gemm transB", layerBn("float[N,5] x", "float[N,3] y", floats("w", {3, 5}, 15.0), "Gemm <transB = 1> (x, w)", 3),
+       "Gemm"},
+      // The fold gives the MatMul a bias, which makes it a Gemm.
+      {"MatMul", layerBn("float[N,5] x", "float[N,3] y", floats("w", {5, 3}, 16.0), "MatMul (x, w)", 3), "Gemm"},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      {
+        auto model = parseModel(c.text);
+        const Report report = run(*model, {"bn-fold"});
+        INFO(report.dump());
+        REQUIRE(onlyEntry(report, "folds")["verify"]["passed"] == true);
+      }
+      std::size_t elements = 0, missed = 0;
+      for (std::size_t i = 0;; ++i) {
+        auto model = parseModel(c.text);
+        FaultLog log;
+        bool inRange = true;
+        const Edit nudge = [&](std::vector<double>& values, const std::vector<int64_t>&) {
+          if (i >= values.size()) {
+            inRange = false;
+            return;
+          }
+          values[i] += 0.1 * std::abs(values[largestElement(values)]);
+        };
+        const Report report = run(*model, {"bn-fold"}, {}, injector({inputOf(c.layer, 1), nudge}, log));
+        REQUIRE(log.applied);
+        if (!inRange) break;
+        ++elements;
+        if (onlyEntry(report, "folds")["verify"]["passed"] != false) {
+          ++missed;
+          UNSCOPED_INFO("weight element " << i << " changed, still passed: "
+                                          << onlyEntry(report, "folds")["verify"].dump());
+        }
+      }
+      CHECK(elements > 10);
+      CHECK(missed == 0);
+    }
+  }
+}
+
+TEST_CASE("verify: a wrong attribute on the rewritten node fails", "[verify]") {
+  // The frozen BatchNormalization given another epsilon: the rewrite now computes something else.
+  RuleOptions options;
+  options.freezeTrainingBatchNorm = true;
+  auto model = parseModel(trainingBnText());
+  bool applied = false;
+  auto hook = [&](Rewriter& rewriter, const std::vector<Node*>& nodes) {
+    for (const Node* node : nodes)
+      if (node->opType() == "BatchNormalization" && !applied) {
+        onnx::AttributeProto epsilon;
+        epsilon.set_name("epsilon");
+        epsilon.set_type(onnx::AttributeProto::FLOAT);
+        epsilon.set_f(0.1f);
+        rewriter.setAttribute(node, epsilon);
+        applied = true;
+      }
+  };
+  const Report report = run(*model, {"train-bn-freeze"}, options, hook);
+  INFO(report.dump());
+  REQUIRE(applied);
+  const json& verify = onlyEntry(report, "frozen")["verify"];
+  CHECK(verify["passed"] == false);
+  CHECK(verify["max_rel_error"].get<double>() > verify["tolerance"].get<double>());
+  CHECK(failedVerifications(report).size() == 1);
+}
+
+// ---- 3. data types ----
+
+TEST_CASE("verify: Conv+BN folds in double, float16 and bfloat16 pass with their own tolerance", "[verify]") {
+  // libonnx 1.12's text parser cannot write float16/bfloat16 literals: the model is stated in float and its tensors
+  // converted (convertFloatTensors, as the bn-fold data type tests do).
+  struct Case {
+    int32_t type;
+    std::string name;
+    double tolerance;
+  };
+  const std::vector<Case> cases = {{onnx::TensorProto::DOUBLE, "double", 1e-9},
+                                   {onnx::TensorProto::FLOAT16, "float16", 1e-2},
+                                   {onnx::TensorProto::BFLOAT16, "bfloat16", 5e-2}};
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      auto model = parseModelAs(kConvBn, c.type);
+      const Report report = run(*model, {"bn-fold"});
+      INFO(report.dump());
+      const json& verify = onlyEntry(report, "folds")["verify"];
+      CHECK(verify["passed"] == true);
+      CHECK(verify["data_type"] == c.name);
+      CHECK(verify["tolerance"].get<double>() == c.tolerance);
+      CHECK(verify["max_rel_error"].get<double>() <= c.tolerance);
+      CHECK(failedVerifications(report).empty());
+      CHECK(report.json().at("verification")["failed"] == 0);
+    }
+  }
+}
+
+TEST_CASE("verify: a 1e-5 error in one weight passes in float and fails in double", "[verify]") {
+  // The tolerance follows the data type: an error far below float's 1e-4 is far above double's 1e-9.
+  const Fault tiny{inputOf("Conv", 1), nudgeLargest(1e-5)};
+  SECTION("float") {
+    auto model = parseModel(kConvBn);
+    FaultLog log;
+    const Report report = run(*model, {"bn-fold"}, {}, injector(tiny, log));
+    REQUIRE(log.applied);
+    const json& verify = onlyEntry(report, "folds")["verify"];
+    CHECK(verify["passed"] == true);
+    CHECK(verify["max_rel_error"].get<double>() > 1e-9);
+  }
+  SECTION("double") {
+    auto model = parseModelAs(kConvBn, onnx::TensorProto::DOUBLE);
+    FaultLog log;
+    const Report report = run(*model, {"bn-fold"}, {}, injector(tiny, log));
+    REQUIRE(log.applied);
+    const json& verify = onlyEntry(report, "folds")["verify"];
+    CHECK(verify["passed"] == false);
+    CHECK(verify["data_type"] == "double");
+    CHECK(verify["max_rel_error"].get<double>() > 1e-9);
+    CHECK(failedVerifications(report).size() == 1);
+  }
+}
+
+TEST_CASE("verify: swapped output channels are caught in float16", "[verify]") {
+  auto clean = parseModelAs(kConvBn, onnx::TensorProto::FLOAT16);
+  CHECK(onlyEntry(run(*clean, {"bn-fold"}), "folds")["verify"]["passed"] == true);
+  auto model = parseModelAs(kConvBn, onnx::TensorProto::FLOAT16);
+  FaultLog log;
+  const Report report = run(*model, {"bn-fold"}, {}, injector({inputOf("Conv", 1), swapChannels(0, 1)}, log));
+  REQUIRE(log.applied);
+  const json& verify = onlyEntry(report, "folds")["verify"];
+  CHECK(verify["passed"] == false);
+  CHECK(verify["data_type"] == "float16");
+  CHECK(verify["max_rel_error"].get<double>() > 1e-2);
+}
+
+// ---- 4. the CLI ----
+
+TEST_CASE("verify: fold --verify on the ResNet block sample passes every fold and writes the model", "[verify]") {
+  TempDir dir;
+  std::string out, err;
+  const int code = runCommand(cli("fold " + sample("resnet_block.onnx") + " -o " + dir.file("out.onnx") +
+                                  " --verify --report " + dir.file("report.json")),
+                              &out, &err);
+  INFO(out << err);
+  CHECK(code == 0);
+  CHECK_FALSE(readFile(dir.file("out.onnx")).empty());
+  const json report = json::parse(readFile(dir.file("report.json")));
+  REQUIRE(report.contains("verification"));
+  CHECK(report["verification"]["failed"] == 0);
+  CHECK(report["verification"]["rewrites"] == report["verification"]["passed"]);
+  REQUIRE(report["folds"].size() == 3);  // models/README.md: 3 folds
+  CHECK(report["verification"]["rewrites"].get<int>() >= 3);
+  for (const json& entry : report["folds"]) {
+    INFO(entry.dump());
+    REQUIRE(entry.contains("verify"));
+    CHECK(entry["verify"]["passed"] == true);
+    CHECK(entry["verify"]["data_type"] == "float");
+    // Batch is the symbolic N in the samples: every input got a stand-in of batch 2.
+    for (const auto& shape : entry["verify"]["input_shapes"]) CHECK(shape.at(0) == 2);
+  }
+}
+
+TEST_CASE("verify: fold without --verify adds no verification to the report", "[verify]") {
+  TempDir dir;
+  REQUIRE(runCommand(cli("fold " + sample("resnet_block.onnx") + " -o " + dir.file("out.onnx") + " --report " +
+                         dir.file("report.json"))) == 0);
+  const json report = json::parse(readFile(dir.file("report.json")));
+  CHECK_FALSE(report.contains("verification"));
+  for (const json& entry : report["folds"]) CHECK_FALSE(entry.contains("verify"));
+}
+
+TEST_CASE("verify: check --verify on good models lists no verify-failed finding", "[verify]") {
+  for (const std::string name : {"resnet_block.onnx", "bias_add.onnx", "mlp_bn1d.onnx", "decoder_convtranspose.onnx"}) {
+    DYNAMIC_SECTION(name) {
+      std::string out, err;
+      const int code = runCommand(cli("check --verify --fail-on none --format json " + sample(name)), &out, &err);
+      INFO(out << err);
+      CHECK(code == 0);
+      const json document = json::parse(out);
+      REQUIRE(document["models"].size() == 1);
+      const json& findings = document["models"][0]["findings"];
+      CHECK_FALSE(findings.empty());
+      std::size_t verified = 0;
+      for (const json& finding : findings) {
+        CHECK(finding["category"] != "verify-failed");
+        if (finding.contains("entry") && finding["entry"].contains("verify")) {
+          CHECK(finding["entry"]["verify"]["passed"] == true);
+          ++verified;
+        }
+      }
+      CHECK(verified > 0);  // the rewrites were verified, not just left unchecked
+    }
+  }
+  SECTION("default --fail-on on a model with nothing to fold: exit 0") {
+    TempDir dir;
+    const std::string path = dir.file("clean.onnx");
+    writeFile(path, [] {
+      std::string bytes;
+      REQUIRE(parseModelProto(R"(<ir_version: 8, opset_import: ["" : 13]>
+clean (float[1,2,4,4] x) => (float[1,2,4,4] y)
+<float[2,2,1,1] w = {1, 2, 3, 4}>
+{
+  c = Conv (x, w)
+  y = Relu (c)
+}
+)").SerializeToString(&bytes));
+      return bytes;
+    }());
+    std::string out, err;
+    CHECK(runCommand(cli("check --verify " + path), &out, &err) == 0);
+    CHECK(out.find("verify-failed") == std::string::npos);
+  }
+}
+
+TEST_CASE("verify: --verify is documented in fold --help and check --help", "[verify]") {
+  for (const std::string command : {"fold", "check"}) {
+    DYNAMIC_SECTION(command) {
+      std::string out, err;
+      CHECK(runCommand(cli(command + " --help"), &out, &err) == 0);
+      CHECK(out.find("--verify") != std::string::npos);
+    }
+  }
+}
