@@ -14,7 +14,7 @@ namespace {
 
 // Outputs larger than this are refused rather than attempted: a malformed model could ask for terabytes, and
 // verification only ever runs small subgraphs.
-constexpr int64_t kMaxElements = int64_t{1} << 32;
+constexpr int64_t kMaxElements = int64_t{1} << 27;
 
 [[noreturn]] void fail(const std::string& what) { throw std::invalid_argument(what); }
 
@@ -310,8 +310,9 @@ Array<T> conv(const Array<T>& x, const Array<T>& w, const Array<T>* bias, const 
   for (size_t d = 0; d < n; ++d)
     tables[d] = positionTable(s.kernel[d], outSpatial[d], s.strides[d], s.dilations[d], padBegin[d], inSpatial[d]);
   const Dims inStrides = rowMajorStrides(inSpatial);
-  std::vector<T> columns(pointwise ? 0 : static_cast<size_t>(mulChecked(rows, outSize, "Conv")));
-  if (static_cast<int64_t>(columns.size()) > kMaxElements) fail("Conv: im2col buffer too large");
+  const int64_t columnCount = pointwise ? 0 : mulChecked(rows, outSize, "Conv");
+  if (columnCount > kMaxElements) fail("Conv: im2col buffer too large");
+  std::vector<T> columns(static_cast<size_t>(columnCount));
   std::vector<int64_t> kernelIndex(n), scratch(n);
 
   for (int64_t b = 0; b < batch; ++b) {
