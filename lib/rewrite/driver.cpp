@@ -116,6 +116,35 @@ void recordSkippedBatchNorms(Model& model, const RuleContext& context,
   }
 }
 
+// --verify for the rewrite just made: its original and rewritten nodes compared (lib/verify).
+nlohmann::json verifyRewrite(verify::RegionRecorder& recorder, verify::Verifier& verifier, const Model& model,
+                             const Rule& rule, uint64_t seed) {
+  try {
+    verify::VerifySettings settings;
+    settings.seed = seed;
+    settings.batchNormAsInference = rule.verifiesAgainstFrozenBatchNorm();
+    return verifier.verify(recorder.finish(model), settings);
+  } catch (const std::exception& e) {
+    return {{"passed", false},
+            {"seed", seed},
+            {"outputs", nlohmann::json::array()},
+            {"error", std::string("cannot be verified: ") + e.what()}};
+  }
+}
+
+// The verdict goes on the rule's own entries; the constants it evaluated on the way are part of its rewrite.
+void attachVerdict(Report& report, const std::vector<std::pair<std::string, std::size_t>>& recorded,
+                   const nlohmann::json& verdict) {
+  bool attached = false;
+  for (const auto& [section, index] : recorded)
+    if (section != "evaluated") {
+      report.entry(section, index)["verify"] = verdict;
+      attached = true;
+    }
+  if (!attached)
+    for (const auto& [section, index] : recorded) report.entry(section, index)["verify"] = verdict;
+}
+
 }  // namespace
 
 std::string InputDefaultsHint::message() const {
@@ -217,26 +246,11 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
         rewriter.beginRule(nullptr);
         const auto recorded = rewriter.takeRecorded();
         if (options.verify) {
-          nlohmann::json outcome;
-          try {
-            verify::VerifySettings settings;
-            settings.seed = options.verifySeed + rewrites;
-            settings.batchNormAsInference = rule->verifiesAgainstFrozenBatchNorm();
-            outcome = verifier.verify(recorder.finish(model), settings);
-          } catch (const std::exception& e) {
-            outcome = {{"passed", false}, {"error", std::string("cannot be verified: ") + e.what()}};
-          }
+          const nlohmann::json verdict =
+              verifyRewrite(recorder, verifier, model, *rule, options.verifySeed + rewrites);
           ++verified;
-          if (!outcome.value("passed", false)) ++verifyFailed;
-          // The verdict goes on the rule's own entries; the constants it evaluated on the way are part of it.
-          bool attached = false;
-          for (const auto& [section, index] : recorded)
-            if (section != "evaluated") {
-              report.entry(section, index)["verify"] = outcome;
-              attached = true;
-            }
-          if (!attached)
-            for (const auto& [section, index] : recorded) report.entry(section, index)["verify"] = outcome;
+          if (!verdict.value("passed", false)) ++verifyFailed;
+          attachVerdict(report, recorded, verdict);
         }
         nodeFailures.clear();
         // Look again at what changed and at whatever reads it.

@@ -143,16 +143,23 @@ RegionPair RegionRecorder::finish(const Model& model) {
   for (const Captured& captured : before_)
     for (const std::string& output : captured.node.outputs)
       if (!output.empty()) producedBefore.insert(output);
-  std::unordered_set<const Node*> between;
+  // In the order found (deterministic, unlike an order of pointers), with a set for lookups; `noPath` remembers
+  // the nodes already searched in vain, so that a graph of diamonds is not searched once per path.
+  std::vector<const Node*> between;
+  std::unordered_set<const Node*> inBetween, noPath;
+  auto addBetween = [&](const Node* node) {
+    if (inBetween.insert(node).second) between.push_back(node);
+  };
   std::function<bool(const Value*, int)> leadsBack = [&](const Value* value, int depth) {
     if (!value || value->name().empty()) return false;
     if (producedBefore.count(value->name())) return true;
     const Node* producer = value->producer();
-    if (!producer || depth == 0 || liveSet.count(producer)) return false;
-    if (between.count(producer)) return true;
+    if (!producer || depth == 0 || liveSet.count(producer) || noPath.count(producer)) return false;
+    if (inBetween.count(producer)) return true;
     bool found = false;
     for (const Value* input : producer->inputs()) found = leadsBack(input, depth - 1) || found;
-    if (found) between.insert(producer);
+    if (found) addBetween(producer);
+    else noPath.insert(producer);
     return found;
   };
   constexpr int kLongestPathBetween = 16;
@@ -162,17 +169,21 @@ RegionPair RegionRecorder::finish(const Model& model) {
         if (!producedBefore.count(input.name)) leadsBack(graph->lookup(input.name), kLongestPathBetween);
   // Likewise the unchanged pure ops that compute a run-time input of the original from constants (a chain the
   // rewrite evaluated only in part): they make it a constant, as the rewrite saw it.
+  std::unordered_set<const Node*> notConstant;
   std::function<bool(const Value*, int)> computedFromConstants = [&](const Value* value, int depth) {
     if (!value) return true;
     if (value->constantTensor()) return true;
     const Node* producer = value->producer();
-    if (!producer || depth == 0 || liveSet.count(producer) || !isEvaluableOp(producer->opType()) ||
-        !(producer->domain().empty() || producer->domain() == "ai.onnx"))
+    if (!producer || depth == 0 || liveSet.count(producer) || notConstant.count(producer) ||
+        !isEvaluableOp(producer->opType()) || !(producer->domain().empty() || producer->domain() == "ai.onnx"))
       return false;
-    if (between.count(producer)) return true;
+    if (inBetween.count(producer)) return true;
     for (const Value* input : producer->inputs())
-      if (!computedFromConstants(input, depth - 1)) return false;
-    between.insert(producer);
+      if (!computedFromConstants(input, depth - 1)) {
+        notConstant.insert(producer);
+        return false;
+      }
+    addBetween(producer);
     return true;
   };
   if (graph)
