@@ -35,7 +35,7 @@ Colour only on a terminal, never with NO_COLOR set. Docs: README.md, docs/ci.md.
 
 Exit codes:
   0  success
-  1  `check` found something in a --fail-on category
+  1  `check` found something in a --fail-on category, or a rewrite failed --verify (no model written)
   2  usage error or invalid input (one line on stderr names the file and the problem)
 )";
 
