@@ -16,31 +16,6 @@
 namespace bnfold::verify {
 namespace {
 
-// ---- attributes ----
-
-const onnx::AttributeProto* findAttribute(const RegionNode& node, const std::string& name) {
-  for (const auto& attribute : node.attributes.attribute())
-    if (attribute.name() == name) return &attribute;
-  return nullptr;
-}
-int64_t intAttribute(const RegionNode& node, const std::string& name, int64_t fallback) {
-  const auto* attribute = findAttribute(node, name);
-  return attribute ? attribute->i() : fallback;
-}
-double floatAttribute(const RegionNode& node, const std::string& name, double fallback) {
-  const auto* attribute = findAttribute(node, name);
-  return attribute ? attribute->f() : fallback;
-}
-std::vector<int64_t> intsAttribute(const RegionNode& node, const std::string& name) {
-  const auto* attribute = findAttribute(node, name);
-  if (!attribute) return {};
-  return {attribute->ints().begin(), attribute->ints().end()};
-}
-std::string stringAttribute(const RegionNode& node, const std::string& name, const std::string& fallback) {
-  const auto* attribute = findAttribute(node, name);
-  return attribute ? attribute->s() : fallback;
-}
-
 std::string describe(const RegionNode& node) { return node.opType + " '" + node.name + "'"; }
 
 // ---- element conversion ----
@@ -75,16 +50,6 @@ std::vector<double> elementsAsDoubles(DataType type, const std::string& bytes) {
     default: throw EvaluationError("element type " + dataTypeName(type) + " is not evaluated");
   }
   return out;
-}
-
-// The value `v` takes when stored as `type` (what a Cast to it does).
-double roundedTo(DataType type, double v) {
-  switch (type) {
-    case DataType::Float: return static_cast<float>(v);
-    case DataType::Float16: return static_cast<double>(Eigen::half(static_cast<float>(v)));
-    case DataType::BFloat16: return static_cast<double>(Eigen::bfloat16(static_cast<float>(v)));
-    default: return v;
-  }
 }
 
 int64_t integerFrom(DataType type, double v) {
@@ -554,6 +519,15 @@ class Evaluator {
 };
 
 }  // namespace
+
+double roundedTo(DataType type, double v) {
+  switch (type) {
+    case DataType::Float: return static_cast<float>(v);
+    case DataType::Float16: return static_cast<double>(Eigen::half(static_cast<float>(v)));
+    case DataType::BFloat16: return static_cast<double>(Eigen::bfloat16(static_cast<float>(v)));
+    default: return v;
+  }
+}
 
 bool isEvaluableOp(const std::string& op) {
   static const char* const ops[] = {"Add",        "Sub",       "Mul",     "Div",     "Pow",       "Max",

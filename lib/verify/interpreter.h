@@ -61,6 +61,9 @@ template <typename T>
 std::map<std::string, Operand<T>> evaluateRegion(const Region& region, std::map<std::string, Operand<T>> values,
                                                  const InterpreterOptions& options, BufferPool<T>* pool = nullptr);
 
+/// The value `v` takes when stored as `type` (what a Cast to it does): float, float16 and bfloat16 round.
+double roundedTo(DataType type, double v);
+
 /// True when the interpreter evaluates this standard-domain op.
 bool isEvaluableOp(const std::string& opType);
 

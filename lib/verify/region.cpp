@@ -46,6 +46,29 @@ std::vector<RegionNode> inEvaluationOrder(std::vector<RegionNode> nodes) {
 
 }  // namespace
 
+const onnx::AttributeProto* findAttribute(const RegionNode& node, const std::string& name) {
+  for (const auto& attribute : node.attributes.attribute())
+    if (attribute.name() == name) return &attribute;
+  return nullptr;
+}
+int64_t intAttribute(const RegionNode& node, const std::string& name, int64_t fallback) {
+  const auto* attribute = findAttribute(node, name);
+  return attribute ? attribute->i() : fallback;
+}
+double floatAttribute(const RegionNode& node, const std::string& name, double fallback) {
+  const auto* attribute = findAttribute(node, name);
+  return attribute ? attribute->f() : fallback;
+}
+std::vector<int64_t> intsAttribute(const RegionNode& node, const std::string& name) {
+  const auto* attribute = findAttribute(node, name);
+  if (!attribute) return {};
+  return {attribute->ints().begin(), attribute->ints().end()};
+}
+std::string stringAttribute(const RegionNode& node, const std::string& name, const std::string& fallback) {
+  const auto* attribute = findAttribute(node, name);
+  return attribute ? attribute->s() : fallback;
+}
+
 void RegionRecorder::begin() {
   changed_.clear();
   changedSet_.clear();

@@ -44,6 +44,13 @@ struct RegionNode {
   std::vector<std::string> outputs;                  ///< "" for an omitted output
 };
 
+/// A region node's attribute `name`, or null; and its value by kind, with a fallback when it is absent.
+const onnx::AttributeProto* findAttribute(const RegionNode& node, const std::string& name);
+int64_t intAttribute(const RegionNode& node, const std::string& name, int64_t fallback);
+double floatAttribute(const RegionNode& node, const std::string& name, double fallback);
+std::vector<int64_t> intsAttribute(const RegionNode& node, const std::string& name);
+std::string stringAttribute(const RegionNode& node, const std::string& name, const std::string& fallback);
+
 /// A small graph: nodes in evaluation order, the constants and run-time values they read, and the outputs
 /// whose values the rest of the model sees.
 struct Region {

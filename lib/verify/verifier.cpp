@@ -5,8 +5,6 @@
 #include <limits>
 #include <random>
 
-#include <Eigen/Core>
-
 #include "interpreter.h"
 
 namespace bnfold::verify {
@@ -27,17 +25,6 @@ const RegionNode* firstReader(const Region& region, const std::string& name, std
   return nullptr;
 }
 
-std::vector<int64_t> intsOf(const RegionNode& node, const std::string& name) {
-  for (const auto& attribute : node.attributes.attribute())
-    if (attribute.name() == name) return {attribute.ints().begin(), attribute.ints().end()};
-  return {};
-}
-int64_t intOf(const RegionNode& node, const std::string& name, int64_t fallback) {
-  for (const auto& attribute : node.attributes.attribute())
-    if (attribute.name() == name) return attribute.i();
-  return fallback;
-}
-
 const ConstantOperand* constantInput(const Region& region, const RegionNode& node, std::size_t slot) {
   if (slot >= node.inputs.size()) return nullptr;
   auto it = region.constants.find(node.inputs[slot]);
@@ -56,11 +43,11 @@ std::optional<Dims> standInShape(const Region& region, const RuntimeInput& input
   if ((op == "Conv" || op == "ConvTranspose") && slot == 0) {
     const ConstantOperand* w = constantInput(region, *reader, 1);
     if (!w || w->dims.size() < 3) return std::nullopt;
-    const int64_t group = intOf(*reader, "group", 1);
+    const int64_t group = intAttribute(*reader, "group", 1);
     Dims dims = {kStandInLayerBatch, op == "Conv" ? w->dims[1] * group : w->dims[0]};
-    if (op == "ConvTranspose" && !intsOf(*reader, "output_shape").empty()) return std::nullopt;  // fixes the input size
-    const std::vector<int64_t> strides = intsOf(*reader, "strides"), dilations = intsOf(*reader, "dilations");
-    const std::vector<int64_t> pads = intsOf(*reader, "pads");
+    if (op == "ConvTranspose" && !intsAttribute(*reader, "output_shape").empty()) return std::nullopt;  // fixes the input size
+    const std::vector<int64_t> strides = intsAttribute(*reader, "strides"), dilations = intsAttribute(*reader, "dilations");
+    const std::vector<int64_t> pads = intsAttribute(*reader, "pads");
     const std::size_t spatial = w->dims.size() - 2;
     for (std::size_t i = 0; i < spatial; ++i) {
       const int64_t stride = std::max<int64_t>(i < strides.size() ? strides[i] : 1, 1);
@@ -90,8 +77,8 @@ std::optional<Dims> standInShape(const Region& region, const RuntimeInput& input
     if (!b || b->dims.empty() || b->dims.size() > 2 + 8) return std::nullopt;
     if (op == "Gemm") {
       if (b->dims.size() != 2) return std::nullopt;
-      const int64_t k = intOf(*reader, "transB", 0) ? b->dims[1] : b->dims[0];
-      return intOf(*reader, "transA", 0) ? Dims{k, kStandInLayerBatch} : Dims{kStandInLayerBatch, k};
+      const int64_t k = intAttribute(*reader, "transB", 0) ? b->dims[1] : b->dims[0];
+      return intAttribute(*reader, "transA", 0) ? Dims{k, kStandInLayerBatch} : Dims{kStandInLayerBatch, k};
     }
     const int64_t k = b->dims.size() == 1 ? b->dims[0] : b->dims[b->dims.size() - 2];
     const std::size_t rank = known ? std::max<std::size_t>(known->size(), 2) : 2;
@@ -148,12 +135,6 @@ bool feedsVariance(const Region& region, const std::string& name) {
   for (const RegionNode& node : region.nodes)
     if (node.opType == "BatchNormalization" && node.inputs.size() > 4 && node.inputs[4] == name) return true;
   return false;
-}
-
-double roundedTo(DataType type, double v) {
-  if (type == DataType::Float16) return static_cast<double>(Eigen::half(static_cast<float>(v)));
-  if (type == DataType::BFloat16) return static_cast<double>(Eigen::bfloat16(static_cast<float>(v)));
-  return v;
 }
 
 template <typename T>

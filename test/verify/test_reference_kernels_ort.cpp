@@ -342,10 +342,8 @@ Case convTransposeCase(Rng& r, size_t n) {
     // output_shape at or below the natural size (it replaces pads). Only the spatial form: ORT's shape inference
     // refuses the N, C, spatial form at load ("Attribute output_shape has incorrect size"), though its kernel and
     // ours accept it.
-    for (size_t d = 0; d < n; ++d) {
-      const int64_t full = (in[d] - 1) * strides[d] + adjust[d] + (kernel[d] - 1) * dilations[d] + 1;
-      a.outputShape.push_back(full - r.integer(0, std::min<int64_t>(3, full - 1)));
-    }
+    for (size_t d = 0; d < n; ++d)
+      a.outputShape.push_back(natural[d] - r.integer(0, std::min<int64_t>(3, natural[d] - 1)));
   }
   Dims xDims{batch, group * inPerGroup};
   xDims.insert(xDims.end(), in.begin(), in.end());
