@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <unordered_map>
@@ -33,11 +34,20 @@ class ModelWriter {
   ModelWriter(const ModelWriter&) = delete;
   ModelWriter& operator=(const ModelWriter&) = delete;
 
-  /// Fills `out` with the whole model. Tensors are lent until takeBack() (or destruction).
-  void build(onnx::ModelProto& out) {
+  /// Fills `out` with the whole model. Tensors are lent until takeBack() (or destruction). With `streamMainNodes`
+  /// the main graph's nodes are left out of `out`: streamedNodes() lists them for the caller to serialize.
+  void build(onnx::ModelProto& out, bool streamMainNodes = false) {
     out = model_.shell_;
-    fillGraph(*model_.graph_, *out.mutable_graph());
+    fillGraph(*model_.graph_, *out.mutable_graph(), streamMainNodes);
   }
+
+  /// A main-graph node to write: its shell plus its inputs and outputs, or `full` when the node had to be
+  /// rebuilt as a whole proto (it holds subgraphs).
+  struct StreamedNode {
+    const Node* node;
+    const onnx::NodeProto* full;
+  };
+  const std::vector<StreamedNode>& streamedNodes() const { return streamedNodes_; }
 
   /// Every tensor of the model (initializers and tensor attributes of every graph), in save order.
   std::vector<Tensor*> allTensors() {
@@ -91,28 +101,54 @@ class ModelWriter {
     for (Value* value : graph.initializers_) out.push_back(value->initializer_.get());
   }
 
-  void fillGraph(Graph& graph, onnx::GraphProto& out) {
-    out = graph.shell_;
-    out.mutable_node()->Reserve(static_cast<int>(graph.nodes_.size()));
-    for (auto& nodePtr : graph.nodes_) {
-      Node& node = *nodePtr;
-      onnx::NodeProto* np = out.add_node();
-      *np = node.proto_;
-      for (Value* input : node.inputs_) np->add_input(input ? input->name() : std::string());
-      for (Value* output : node.outputs_) np->add_output(output ? output->name() : std::string());
-      for (auto& slot : node.subgraphs_) {
-        onnx::AttributeProto* attr = np->mutable_attribute(slot.attributeIndex);
-        onnx::GraphProto* body = slot.graphIndex < 0 ? attr->mutable_g() : attr->add_graphs();
-        fillGraph(*slot.graph, *body);
-      }
-      for (auto& [index, tensor] : node.tensorAttributes_) {
-        onnx::AttributeProto* attr = np->mutable_attribute(index);
-        onnx::TensorProto* lentProto = tensor->lendProto().release();
-        attr->set_allocated_t(lentProto);
-        lentAttributes_.emplace_back(attr, tensor.get());
-        lent_.emplace_back(tensor.get(), lentProto);
-      }
+  // Lends a node's tensor attributes to `np` (the node's own shell, or a copy of it) until takeBack().
+  void lendTensorAttributes(Node& node, onnx::NodeProto& np) {
+    for (auto& [index, tensor] : node.tensorAttributes_) {
+      onnx::AttributeProto* attr = np.mutable_attribute(index);
+      onnx::TensorProto* lentProto = tensor->lendProto().release();
+      attr->set_allocated_t(lentProto);
+      lentAttributes_.emplace_back(attr, tensor.get());
+      lent_.emplace_back(tensor.get(), lentProto);
     }
+  }
+
+  // `streamNodes`: list the nodes in streamedNodes_ instead of copying them into `out` (a large graph's node
+  // copies cost as much as the rest of saving). Only a node holding subgraphs is still copied.
+  void fillGraph(Graph& graph, onnx::GraphProto& out, bool streamNodes = false) {
+    out = graph.shell_;
+    if (streamNodes) {
+      streamedNodes_.reserve(graph.nodes_.size());
+      for (auto& nodePtr : graph.nodes_) {
+        Node& node = *nodePtr;
+        if (node.subgraphs_.empty()) {
+          lendTensorAttributes(node, node.proto_);
+          streamedNodes_.push_back({&node, nullptr});
+        } else {
+          nodeCopies_.emplace_back();
+          fillNode(node, nodeCopies_.back());
+          streamedNodes_.push_back({&node, &nodeCopies_.back()});
+        }
+      }
+    } else {
+      out.mutable_node()->Reserve(static_cast<int>(graph.nodes_.size()));
+      for (auto& nodePtr : graph.nodes_) fillNode(*nodePtr, *out.add_node());
+    }
+    fillGraphFields(graph, out);
+  }
+
+  void fillNode(Node& node, onnx::NodeProto& np) {
+    np = node.proto_;
+    for (Value* input : node.inputs_) np.add_input(input ? input->name() : std::string());
+    for (Value* output : node.outputs_) np.add_output(output ? output->name() : std::string());
+    for (auto& slot : node.subgraphs_) {
+      onnx::AttributeProto* attr = np.mutable_attribute(slot.attributeIndex);
+      onnx::GraphProto* body = slot.graphIndex < 0 ? attr->mutable_g() : attr->add_graphs();
+      fillGraph(*slot.graph, *body);
+    }
+    lendTensorAttributes(node, np);
+  }
+
+  void fillGraphFields(Graph& graph, onnx::GraphProto& out) {
     out.mutable_initializer()->Reserve(static_cast<int>(graph.initializers_.size()));
     for (Value* value : graph.initializers_) {
       Tensor* tensor = value->initializer_.get();
@@ -129,6 +165,8 @@ class ModelWriter {
   }
 
   Model& model_;
+  std::vector<StreamedNode> streamedNodes_;
+  std::deque<onnx::NodeProto> nodeCopies_;  // stable addresses; they hold lent tensors until takeBack()
   std::vector<std::pair<Graph*, onnx::GraphProto*>> lentGraphs_;
   std::vector<std::pair<onnx::AttributeProto*, Tensor*>> lentAttributes_;
   std::vector<std::pair<Tensor*, onnx::TensorProto*>> lent_;
@@ -265,6 +303,20 @@ class OutputWriter {
 
   void appendTag(int field) { appendVarint(static_cast<uint64_t>(field) << 3 | 2); }  // length-delimited
 
+  /// Appends `message`, whose ByteSizeLong() was just computed (`size`), without an intermediate string.
+  void appendMessage(const google::protobuf::MessageLite& message, std::size_t size) {
+    if (size > kBufferSize) {
+      std::string bytes;
+      message.AppendToString(&bytes);
+      append(bytes);
+      return;
+    }
+    if (buffer_.size() + size > kBufferSize) flush();
+    const std::size_t start = buffer_.size();
+    buffer_.resize(start + size);
+    message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(buffer_.data() + start));
+  }
+
   void appendDeferred(const DeferredBytes& bytes) {
     flush();
     writeDeferred(bytes, fd_, path_);
@@ -310,12 +362,50 @@ std::string serializeDeterministic(const google::protobuf::Message& message) {
   return bytes;
 }
 
-// Writes the model with the deferred bytes of the main graph's initializers (splicedBytes[i] for initializer i;
-// null when its proto is complete) streamed in: copied from the input file, or computed chunk by chunk. The
-// bytes are exactly what protobuf would write for the complete message.
-void writeSpliced(onnx::ModelProto& proto, const std::vector<const DeferredBytes*>& splicedBytes,
-                  OutputWriter& out) {
+std::size_t stringFieldSize(const std::string& text) { return 1 + varintSize(text.size()) + text.size(); }
+
+// A streamed node's NodeProto size. Its shell holds every field but input (1) and output (2), which protobuf
+// writes first, so the node's bytes are those two fields followed by the shell's own serialization.
+std::size_t streamedNodeSize(const ModelWriter::StreamedNode& streamed) {
+  if (streamed.full) return streamed.full->ByteSizeLong();
+  std::size_t size = streamed.node->proto().ByteSizeLong();
+  static const std::string kOmitted;
+  for (const Value* input : streamed.node->inputs()) size += stringFieldSize(input ? input->name() : kOmitted);
+  for (const Value* output : streamed.node->outputs()) size += stringFieldSize(output ? output->name() : kOmitted);
+  return size;
+}
+
+void appendStreamedNode(const ModelWriter::StreamedNode& streamed, std::size_t size, OutputWriter& out) {
+  out.appendTag(1);  // GraphProto.node
+  out.appendVarint(size);
+  if (streamed.full) {
+    out.appendMessage(*streamed.full, size);
+    return;
+  }
+  auto appendName = [&out](int field, const Value* value) {
+    const std::string_view name = value ? std::string_view(value->name()) : std::string_view();
+    out.appendTag(field);
+    out.appendVarint(name.size());
+    out.append(name);
+  };
+  for (const Value* input : streamed.node->inputs()) appendName(1, input);
+  for (const Value* output : streamed.node->outputs()) appendName(2, output);
+  const onnx::NodeProto& shell = streamed.node->proto();
+  out.appendMessage(shell, shell.GetCachedSize());
+}
+
+// Writes the model: the main graph's nodes streamed from the IR (`nodes`), and the deferred bytes of its
+// initializers (splicedBytes[i] for initializer i; null when its proto is complete) copied from the input file or
+// computed chunk by chunk. The bytes are exactly what protobuf would write for the complete message.
+void writeStreamed(onnx::ModelProto& proto, const std::vector<ModelWriter::StreamedNode>& nodes,
+                   const std::vector<const DeferredBytes*>& splicedBytes, OutputWriter& out) {
   onnx::GraphProto* graph = proto.mutable_graph();
+  std::vector<std::size_t> nodeSizes(nodes.size());
+  std::size_t nodeBytes = 0;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    nodeSizes[i] = streamedNodeSize(nodes[i]);
+    nodeBytes += 1 + varintSize(nodeSizes[i]) + nodeSizes[i];
+  }
   struct Piece {
     std::string before, after;  // the tensor's serialization around where raw_data goes
     const DeferredBytes* raw = nullptr;
@@ -353,13 +443,15 @@ void writeSpliced(onnx::ModelProto& proto, const std::vector<const DeferredBytes
 
   const std::size_t graphSplit = insertionPoint(graphBytes, onnx::GraphProto::descriptor(), 5);
   const std::size_t modelSplit = insertionPoint(modelBytes, onnx::ModelProto::descriptor(), 7);
-  const std::size_t graphSize = graphBytes.size() + initializerBytes;
+  const std::size_t graphSize = nodeBytes + graphBytes.size() + initializerBytes;
   if (modelBytes.size() + graphSize > static_cast<std::size_t>(INT_MAX))
     throw Error("", "the model is larger than protobuf's 2 GiB limit");
 
   out.append(std::string_view(modelBytes).substr(0, modelSplit));
   out.appendTag(7);
   out.appendVarint(graphSize);
+  // node is GraphProto's field 1, so the nodes come first.
+  for (std::size_t i = 0; i < nodes.size(); ++i) appendStreamedNode(nodes[i], nodeSizes[i], out);
   out.append(std::string_view(graphBytes).substr(0, graphSplit));
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     const Piece& piece = pieces[i];
@@ -372,7 +464,7 @@ void writeSpliced(onnx::ModelProto& proto, const std::vector<const DeferredBytes
       out.appendDeferred(*piece.raw);
       out.append(piece.after);
     } else {
-      out.append(serializeDeterministic(graph->initializer(static_cast<int>(i))));
+      out.appendMessage(graph->initializer(static_cast<int>(i)), piece.size);
     }
   }
   out.append(std::string_view(graphBytes).substr(graphSplit));
@@ -455,7 +547,7 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
   std::vector<const DeferredBytes*> splicedBytes;
   for (const Tensor* tensor : mainInitializers)
     splicedBytes.push_back(placements.count(tensor) ? nullptr : tensor->deferredRawData());
-  writer.build(proto);
+  writer.build(proto, /*streamMainNodes=*/true);
   // Originals of the protos whose storage fields change, restored before the writer gives them back.
   std::vector<std::pair<onnx::TensorProto*, onnx::TensorProto>> saved;
   auto restore = [&]() {
@@ -477,29 +569,11 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
       setExternalLocation(*lentProto, dataFileName, placement->second.offset, placement->second.length);
     }
     AtomicFile modelFile(path);
-    const bool spliced = std::any_of(splicedBytes.begin(), splicedBytes.end(),
-                                     [](const DeferredBytes* bytes) { return bytes != nullptr; });
-    if (spliced) {
-      OutputWriter out(modelFile.fd(), path);
-      try {
-        writeSpliced(proto, splicedBytes, out);
-      } catch (const Error& e) {
-        throw Error(e.file().empty() ? path : e.file(), e.problem());
-      }
-    } else {
-      const std::size_t size = proto.ByteSizeLong();
-      if (size > static_cast<std::size_t>(kProtobufLimit))
-        throw Error(path, "the model is larger than protobuf's 2 GiB limit even with tensors stored externally");
-      google::protobuf::io::FileOutputStream stream(modelFile.fd(), 1 << 20);
-      {
-        google::protobuf::io::CodedOutputStream coded(&stream);
-        coded.SetSerializationDeterministic(true);
-        proto.SerializeWithCachedSizes(&coded);
-        if (coded.HadError())
-          throw Error(path, std::string("cannot write: ") +
-                                (stream.GetErrno() != 0 ? std::strerror(stream.GetErrno()) : "the stream failed"));
-      }
-      if (!stream.Flush()) throw Error(path, std::string("cannot write: ") + std::strerror(stream.GetErrno()));
+    OutputWriter out(modelFile.fd(), path);
+    try {
+      writeStreamed(proto, writer.streamedNodes(), splicedBytes, out);
+    } catch (const Error& e) {
+      throw Error(e.file().empty() ? path : e.file(), e.problem());
     }
     restore();
     if (dataFile) dataFile->commit();

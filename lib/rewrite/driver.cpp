@@ -197,11 +197,14 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
     if (options.verify || options.injectFaultForTesting) rewriter.setListener(&recorder);
     std::deque<Node*> worklist;
     std::unordered_set<Node*> queued;
+    // Only nodes some chosen rule starts from go on the worklist: most nodes of a large graph are not one.
     auto enqueue = [&](Node* node) {
-      if (!node->isErased() && queued.insert(node).second) worklist.push_back(node);
+      if (!node->isErased() && rulesByOp.count(node->opType()) && queued.insert(node).second)
+        worklist.push_back(node);
     };
-    for (Graph* graph : model.allGraphs())
-      for (const auto& node : graph->nodes()) enqueue(node.get());
+    if (!rulesByOp.empty())
+      for (Graph* graph : model.allGraphs())
+        for (const auto& node : graph->nodes()) enqueue(node.get());
 
     std::size_t rewrites = 0;
     while (!worklist.empty()) {
