@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
@@ -39,7 +41,11 @@ class Parser {
           // Protobuf merges repeated occurrences of a message field; leave that rare case to protobuf.
           if (sawGraph) return false;
           sawGraph = true;
-          if (!withLimit([&] { return parseGraph(graphBytes, out.mainInitializers); })) return false;
+          uint32_t length;
+          if (!in_.ReadVarint32(&length)) return false;
+          const auto limit = in_.PushLimit(static_cast<int>(length));
+          if (!parseGraph(graphBytes, out.mainInitializers, length) || !in_.ConsumedEntireMessage()) return false;
+          in_.PopLimit(limit);
         } else if (!WireFormat::SkipField(&in_, tag, &shell)) {
           return false;
         }
@@ -52,29 +58,52 @@ class Parser {
   }
 
  private:
-  // Runs `parse` inside the length-delimited field whose length comes next.
-  template <typename F>
-  bool withLimit(F parse) {
-    uint32_t length;
-    if (!in_.ReadVarint32(&length)) return false;
-    const auto limit = in_.PushLimit(static_cast<int>(length));
-    if (!parse() || !in_.ConsumedEntireMessage()) return false;
-    in_.PopLimit(limit);
+  // Copies the graph's fields except its initializers to `graphBytes` (tag, length and bytes as they are: a
+  // graph of 50,000 nodes is megabytes of them), and parses the initializers into Tensors.
+  bool parseGraph(std::string& graphBytes, std::vector<std::unique_ptr<Tensor>>& initializers, uint32_t length) {
+    constexpr uint32_t kMaxReserve = 256u << 20;  // `length` counts the initializers too, up to 2 GiB of them
+    graphBytes.reserve(std::min(length, kMaxReserve));
+    for (uint32_t tag; (tag = in_.ReadTag()) != 0;) {
+      if (!isLengthDelimited(tag)) {
+        StringOutputStream graphStream(&graphBytes);
+        CodedOutputStream graph(&graphStream);
+        if (!WireFormat::SkipField(&in_, tag, &graph)) return false;
+        continue;
+      }
+      uint32_t fieldLength;
+      if (!in_.ReadVarint32(&fieldLength)) return false;
+      if (WireFormat::GetTagFieldNumber(tag) == kGraphInitializerField) {
+        std::unique_ptr<Tensor> tensor;
+        const auto limit = in_.PushLimit(static_cast<int>(fieldLength));
+        const bool parsed = fieldLength < kDeferredRawDataThreshold ? parseSmallTensor(tensor, fieldLength)
+                                                                     : parseTensor(tensor);
+        if (!parsed || !in_.ConsumedEntireMessage()) return false;
+        in_.PopLimit(limit);
+        initializers.push_back(std::move(tensor));
+        continue;
+      }
+      appendVarint(graphBytes, tag);
+      appendVarint(graphBytes, fieldLength);
+      const std::size_t start = graphBytes.size();
+      graphBytes.resize(start + fieldLength);
+      if (!in_.ReadRaw(graphBytes.data() + start, static_cast<int>(fieldLength))) return false;
+    }
     return true;
   }
 
-  bool parseGraph(std::string& graphBytes, std::vector<std::unique_ptr<Tensor>>& initializers) {
-    StringOutputStream graphStream(&graphBytes);
-    CodedOutputStream graph(&graphStream);
-    for (uint32_t tag; (tag = in_.ReadTag()) != 0;) {
-      if (WireFormat::GetTagFieldNumber(tag) == kGraphInitializerField && isLengthDelimited(tag)) {
-        std::unique_ptr<Tensor> tensor;
-        if (!withLimit([&] { return parseTensor(tensor); })) return false;
-        initializers.push_back(std::move(tensor));
-      } else if (!WireFormat::SkipField(&in_, tag, &graph)) {
-        return false;
-      }
-    }
+  static void appendVarint(std::string& out, uint32_t value) {
+    uint8_t bytes[5];  // a varint32 takes at most 5 bytes
+    const uint8_t* end = CodedOutputStream::WriteVarint32ToArray(value, bytes);
+    out.append(reinterpret_cast<const char*>(bytes), static_cast<std::size_t>(end - bytes));
+  }
+
+  // A tensor smaller than the deferral threshold cannot hold a raw_data to defer: parsed as it is.
+  bool parseSmallTensor(std::unique_ptr<Tensor>& tensor, uint32_t length) {
+    std::string bytes;
+    if (!in_.ReadString(&bytes, static_cast<int>(length))) return false;
+    auto proto = std::make_unique<onnx::TensorProto>();
+    if (!proto->ParseFromString(bytes)) return false;
+    tensor = std::make_unique<Tensor>(std::move(proto), baseDir_);
     return true;
   }
 

@@ -1,5 +1,6 @@
 #include "bnfold/ir/graph.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -214,12 +215,22 @@ int64_t Model::opsetVersion(const std::string& domain) const {
   return -1;
 }
 
+void NameSet::sealLoaded() {
+  std::sort(loaded_.begin(), loaded_.end());
+  loaded_.erase(std::unique(loaded_.begin(), loaded_.end()), loaded_.end());
+}
+
+bool NameSet::insert(std::string_view name) {
+  const uint64_t hash = hashOf(name);
+  return !std::binary_search(loaded_.begin(), loaded_.end(), hash) && added_.insert(hash).second;
+}
+
 namespace {
-std::string reserveUnique(std::unordered_set<std::string>& used, const std::string& hint) {
-  if (used.insert(hint).second) return hint;
+std::string reserveUnique(NameSet& used, const std::string& hint) {
+  if (used.insert(hint)) return hint;
   for (std::size_t n = 1;; ++n) {
     std::string candidate = hint + "_" + std::to_string(n);
-    if (used.insert(candidate).second) return candidate;
+    if (used.insert(candidate)) return candidate;
   }
 }
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
@@ -21,6 +22,23 @@ struct ReorderedGraph {
   bool subgraph = false;   ///< false for the main graph
   std::string ownerNode;   ///< for a subgraph, the node whose attribute holds it
   std::size_t movedNodes = 0;  ///< the fewest nodes that had to move (the others kept their relative order)
+};
+
+/// The names a model uses, for handing out new ones that clash with none. Names are kept as 64-bit hashes, not
+/// strings: a model of 50,000 nodes has over 100,000 names, and copying each into a set cost a sixth of loading
+/// it. Two names with one hash make a free name look taken, which only means the next candidate is tried.
+class NameSet {
+ public:
+  /// Adds a name while the model is loaded; call sealLoaded() before the first insert().
+  void addLoaded(std::string_view name) { loaded_.push_back(hashOf(name)); }
+  void sealLoaded();
+  /// Adds `name` unless it is (or may be) there already; true when it was added.
+  bool insert(std::string_view name);
+
+ private:
+  static uint64_t hashOf(std::string_view name) { return std::hash<std::string_view>{}(name); }
+  std::vector<uint64_t> loaded_;          // sorted once loading is done
+  std::unordered_set<uint64_t> added_;    // names handed out since
 };
 
 class Model {
@@ -67,8 +85,8 @@ class Model {
   std::unique_ptr<Graph> graph_;
   std::string path_;
   std::string baseDir_;
-  std::unordered_set<std::string> nodeNames_;
-  std::unordered_set<std::string> valueNames_;
+  NameSet nodeNames_;
+  NameSet valueNames_;
   std::unordered_set<std::string> pinnedNames_;
   std::vector<ReorderedGraph> reorderedGraphs_;
 };
