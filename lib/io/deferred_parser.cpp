@@ -74,11 +74,13 @@ class Parser {
       if (!in_.ReadVarint32(&fieldLength)) return false;
       if (WireFormat::GetTagFieldNumber(tag) == kGraphInitializerField) {
         std::unique_ptr<Tensor> tensor;
-        const auto limit = in_.PushLimit(static_cast<int>(fieldLength));
-        const bool parsed = fieldLength < kDeferredRawDataThreshold ? parseSmallTensor(tensor, fieldLength)
-                                                                     : parseTensor(tensor);
-        if (!parsed || !in_.ConsumedEntireMessage()) return false;
-        in_.PopLimit(limit);
+        if (fieldLength < kDeferredRawDataThreshold) {
+          if (!parseSmallTensor(tensor, fieldLength)) return false;
+        } else {
+          const auto limit = in_.PushLimit(static_cast<int>(fieldLength));
+          if (!parseTensor(tensor) || !in_.ConsumedEntireMessage()) return false;
+          in_.PopLimit(limit);
+        }
         initializers.push_back(std::move(tensor));
         continue;
       }

@@ -87,6 +87,9 @@ class ModelReader {
 
   void buildGraph(Graph& graph, onnx::GraphProto& proto, std::vector<std::unique_ptr<Tensor>> tensors = {}) {
     graph.shell_.set_name(proto.name());  // for error messages while the graph is built
+    std::size_t valueCount = tensors.size() + static_cast<std::size_t>(proto.initializer_size() + proto.input_size());
+    for (const auto& node : proto.node()) valueCount += static_cast<std::size_t>(node.output_size());
+    graph.valuesByName_.reserve(valueCount);  // no rehashing while a large graph is built
     const int initCount = proto.initializer_size();
     std::vector<onnx::TensorProto*> inits(static_cast<std::size_t>(initCount));
     if (initCount > 0) proto.mutable_initializer()->ExtractSubrange(0, initCount, inits.data());
@@ -181,7 +184,7 @@ class ModelReader {
     if (np.name().empty() && options_.nameUnnamedNodes) {
       np.set_name(model_.uniqueNodeName(np.op_type() + "_" + std::to_string(unnamedCounter_[np.op_type()]++)));
     }
-    const std::string label = "node '" + np.name() + "' (" + np.op_type() + ")";
+    auto label = [&np] { return "node '" + np.name() + "' (" + np.op_type() + ")"; };  // for errors only
     for (int i = 0; i < np.input_size(); ++i) {
       const std::string& name = np.input(i);
       if (name.empty()) {
@@ -190,7 +193,7 @@ class ModelReader {
       }
       Value* value = graph.lookup(name);
       if (!value)
-        throw Error(file_, label + " in " + graphLabel(graph) + " reads '" + name +
+        throw Error(file_, label() + " in " + graphLabel(graph) + " reads '" + name +
                                "', which no node, initializer or graph input defines");
       value->uses_.push_back({node, i});
       node->inputs_.push_back(value);
@@ -227,7 +230,7 @@ class ModelReader {
         continue;
       }
       if (Value* existing = graph.findLocal(name))
-        throw Error(file_, label + " writes '" + name + "', which is already defined" +
+        throw Error(file_, label() + " writes '" + name + "', which is already defined" +
                                (existing->producer() ? " by node '" + existing->producer()->name() + "'" : ""));
       Value* value = graph.newValue(name);
       value->producer_ = node;
@@ -235,6 +238,7 @@ class ModelReader {
       node->outputs_.push_back(value);
     }
     np.clear_output();
+    if (!node->subgraphs_.empty()) ++graph.nodesWithSubgraphs_;
     node->position_ = graph.nodes_.insert(graph.nodes_.end(), std::move(owned));
   }
 

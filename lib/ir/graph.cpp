@@ -117,12 +117,14 @@ Value* Graph::newValue(const std::string& name) {
   value->graph_ = this;
   Value* raw = value.get();
   values_.push_back(std::move(value));
-  valuesByName_[name] = raw;
+  valuesByName_.erase(raw->name_);  // a replaced entry's key would still view the old value's name
+  valuesByName_.emplace(raw->name_, raw);
   return raw;
 }
 
 std::vector<Graph*> Graph::nestedGraphs() const {
   std::vector<Graph*> out;
+  if (nodesWithSubgraphs_ == 0) return out;
   for (const auto& node : nodes_) {
     for (const auto& slot : node->subgraphs_) {
       out.push_back(slot.graph.get());

@@ -162,8 +162,9 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
       if (entry.value == from) entry.value = to;
   to->graphOutput_ = from->graphOutput_;
   from->graphOutput_ = false;
+  graph.valuesByName_.erase(from->name_);
   to->name_ = from->name_;
-  graph.valuesByName_[to->name_] = to;
+  graph.valuesByName_.emplace(to->name_, to);
   // `from` stays owned by the graph until finish(); it must not be found by name any more.
   from->name_.clear();
   markDirty(graph);
@@ -200,6 +201,7 @@ void Rewriter::eraseNode(const Node* constNode) {
     if (input) touch(input->producer_);
   auto owned = std::move(*node->position_);
   graph.nodes_.erase(node->position_);
+  if (!node->subgraphs_.empty()) --graph.nodesWithSubgraphs_;
   for (Value* output : node->outputs_)
     if (output) retireValue(output);
   for (std::size_t slot = 0; slot < node->inputs_.size(); ++slot) {

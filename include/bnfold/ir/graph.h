@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -199,7 +200,10 @@ class Graph {
   onnx::GraphProto shell_;
   std::list<std::unique_ptr<Node>> nodes_;
   std::vector<std::unique_ptr<Value>> values_;
-  std::unordered_map<std::string, Value*> valuesByName_;
+  // Keys view each value's own name_ (values never move): no second copy of every name. Whoever renames a value
+  // takes its entry out first and puts it back after.
+  std::unordered_map<std::string_view, Value*> valuesByName_;
+  std::size_t nodesWithSubgraphs_ = 0;  // nestedGraphs() has nothing to look for when this is 0
   std::vector<ValueInfoEntry> inputs_;
   std::vector<ValueInfoEntry> outputs_;
   std::vector<ValueInfoEntry> valueInfo_;
