@@ -101,8 +101,7 @@ std::vector<Node*> Graph::nodeList() const {
 }
 
 Value* Graph::findLocal(const std::string& name) const {
-  auto it = valuesByName_.find(name);
-  return it == valuesByName_.end() ? nullptr : it->second;
+  return valuesByName_.find(name);
 }
 
 Value* Graph::lookup(const std::string& name) const {
@@ -117,8 +116,7 @@ Value* Graph::newValue(const std::string& name) {
   value->graph_ = this;
   Value* raw = value.get();
   values_.push_back(std::move(value));
-  valuesByName_.erase(raw->name_);  // a replaced entry's key would still view the old value's name
-  valuesByName_.emplace(raw->name_, raw);
+  valuesByName_.insert(raw);
   return raw;
 }
 

@@ -164,7 +164,7 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
   from->graphOutput_ = false;
   graph.valuesByName_.erase(from->name_);
   to->name_ = from->name_;
-  graph.valuesByName_.emplace(to->name_, to);
+  graph.valuesByName_.insert(to);
   // `from` stays owned by the graph until finish(); it must not be found by name any more.
   from->name_.clear();
   markDirty(graph);
@@ -278,8 +278,7 @@ void Rewriter::materializeConstant(const Value* constValue, std::unique_ptr<Tens
 
 void Rewriter::retireValue(Value* value) {
   Graph& graph = *value->graph_;
-  auto it = graph.valuesByName_.find(value->name_);
-  if (it != graph.valuesByName_.end() && it->second == value) graph.valuesByName_.erase(it);
+  if (graph.valuesByName_.find(value->name_) == value) graph.valuesByName_.erase(value->name_);
   if (value->valueInfoIndex_ >= 0) {
     graph.valueInfo_[static_cast<std::size_t>(value->valueInfoIndex_)].removed = true;
     value->valueInfoIndex_ = -1;

@@ -17,6 +17,7 @@
 #include <onnx/onnx_pb.h>
 
 #include "bnfold/ir/tensor.h"
+#include "bnfold/ir/value_table.h"
 
 namespace bnfold {
 
@@ -200,9 +201,7 @@ class Graph {
   onnx::GraphProto shell_;
   std::list<std::unique_ptr<Node>> nodes_;
   std::vector<std::unique_ptr<Value>> values_;
-  // Keys view each value's own name_ (values never move): no second copy of every name. Whoever renames a value
-  // takes its entry out first and puts it back after.
-  std::unordered_map<std::string_view, Value*> valuesByName_;
+  ValueTable valuesByName_;  // keyed by each value's own name_: a rename erases the entry first, inserts it after
   std::size_t nodesWithSubgraphs_ = 0;  // nestedGraphs() has nothing to look for when this is 0
   std::vector<ValueInfoEntry> inputs_;
   std::vector<ValueInfoEntry> outputs_;

@@ -1,0 +1,49 @@
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <string>
+#include <unordered_map>
+
+#include "bnfold/ir/value_table.h"
+#include "test_support.h"
+
+using namespace bnfold;
+using bnfold::test::parseModel;
+
+// The table's deletion moves entries back along their probe runs; a random walk of inserts and erases, checked
+// against std::unordered_map after every step, covers runs that wrap around the end and entries far from home.
+TEST_CASE("ValueTable finds, replaces and erases as a map of names does", "[ir][value_table]") {
+  constexpr int kValues = 200;
+  std::string text = "<ir_version: 8, opset_import: [\"\" : 15]>\ng (float[2] v0) => (float[2] v" +
+                     std::to_string(kValues - 1) + ")\n{\n";
+  for (int i = 1; i < kValues; ++i)
+    text += "  v" + std::to_string(i) + " = Relu (v" + std::to_string(i - 1) + ")\n";
+  text += "}\n";
+  auto model = parseModel(text);
+  std::vector<Value*> values;
+  for (int i = 0; i < kValues; ++i) values.push_back(model->graph().findLocal("v" + std::to_string(i)));
+  REQUIRE(values.back() != nullptr);
+
+  std::mt19937 random(GENERATE(1u, 2u, 3u));
+  ValueTable table;
+  std::unordered_map<std::string, Value*> expected;
+  for (int step = 0; step < 5000; ++step) {
+    Value* value = values[random() % values.size()];
+    if (random() % 3 == 0) {
+      table.erase(value->name());
+      expected.erase(value->name());
+    } else {
+      table.insert(value);
+      expected[value->name()] = value;
+    }
+    REQUIRE(table.size() == expected.size());
+    if (step % 50 == 0)
+      for (Value* probe : values) {
+        auto it = expected.find(probe->name());
+        REQUIRE(table.find(probe->name()) == (it == expected.end() ? nullptr : it->second));
+      }
+  }
+  CHECK(table.find("not a value") == nullptr);
+  table.reserve(1000);
+  for (const auto& [name, value] : expected) CHECK(table.find(name) == value);
+}
