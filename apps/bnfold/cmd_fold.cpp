@@ -134,14 +134,17 @@ void noteInputDefaults(const std::string& input, Model& model, const Report& rep
 
 // ---- one model, one output (the original form of the command) ----
 
-// The model of a single-model run lives until the process ends. Freeing a graph of 50,000 nodes one object at a
-// time takes as long as saving it, and the kernel reclaims the pages at exit anyway. The global keeps it reachable,
-// so LeakSanitizer does not count it as a leak.
+// The model and report of a single-model run live until the process ends. Freeing a graph of 50,000 nodes one
+// object at a time takes as long as saving it, and the kernel reclaims the pages at exit anyway. The globals keep
+// them reachable, so LeakSanitizer does not count them as leaks.
 Model* processLifetimeModel = nullptr;
+Report* processLifetimeReport = nullptr;
 
-void keepUntilExit(std::unique_ptr<Model> model) {
-  delete processLifetimeModel;  // only ever one; a second call (tests) must not lose the first
+void keepUntilExit(std::unique_ptr<Model> model, Report&& report) {
+  delete processLifetimeModel;  // only ever one of each; a second call must not lose the first
+  delete processLifetimeReport;
   processLifetimeModel = model.release();
+  processLifetimeReport = new Report(std::move(report));
 }
 
 int runSingle(const FoldOptions& options) {
@@ -195,7 +198,7 @@ int runSingle(const FoldOptions& options) {
   }
   spdlog::info("{}: {} rewrites, {} BatchNormalization left", options.output, report.rewriteCount(),
                report.section("skipped").size());
-  keepUntilExit(std::move(model));
+  keepUntilExit(std::move(model), std::move(report));
   return kExitOk;
 }
 

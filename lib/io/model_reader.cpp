@@ -123,7 +123,7 @@ class ModelReader {
 
     sortNodes(graph, proto);
     for (auto& nodeProto : *proto.mutable_node()) buildNode(graph, nodeProto);
-    proto.clear_node();
+    google::protobuf::RepeatedPtrField<onnx::NodeProto>().Swap(proto.mutable_node());  // the emptied shells, freed
 
     for (auto& output : *proto.mutable_output()) {
       Value* value = graph.lookup(output.name());
@@ -175,6 +175,11 @@ class ModelReader {
     return "<unnamed>";
   }
 
+  // clear() would keep the strings allocated for reuse, for as long as the node lives.
+  static void freeStrings(google::protobuf::RepeatedPtrField<std::string>& strings) {
+    google::protobuf::RepeatedPtrField<std::string>().Swap(&strings);
+  }
+
   void buildNode(Graph& graph, onnx::NodeProto& nodeProto) {
     auto owned = std::make_unique<Node>();
     Node* node = owned.get();
@@ -185,6 +190,8 @@ class ModelReader {
       np.set_name(model_.uniqueNodeName(np.op_type() + "_" + std::to_string(unnamedCounter_[np.op_type()]++)));
     }
     auto label = [&np] { return "node '" + np.name() + "' (" + np.op_type() + ")"; };  // for errors only
+    node->inputs_.reserve(static_cast<std::size_t>(np.input_size()));
+    node->outputs_.reserve(static_cast<std::size_t>(np.output_size()));
     for (int i = 0; i < np.input_size(); ++i) {
       const std::string& name = np.input(i);
       if (name.empty()) {
@@ -198,7 +205,7 @@ class ModelReader {
       value->uses_.push_back({node, i});
       node->inputs_.push_back(value);
     }
-    np.clear_input();
+    freeStrings(*np.mutable_input());
     // Subgraphs and tensors move out of the attributes; subgraphs see the values defined so far.
     for (int a = 0; a < np.attribute_size(); ++a) {
       onnx::AttributeProto& attr = *np.mutable_attribute(a);
@@ -232,12 +239,12 @@ class ModelReader {
       if (Value* existing = graph.findLocal(name))
         throw Error(file_, label() + " writes '" + name + "', which is already defined" +
                                (existing->producer() ? " by node '" + existing->producer()->name() + "'" : ""));
-      Value* value = graph.newValue(name);
+      Value* value = graph.newValue(std::move(*np.mutable_output(i)));  // the name's bytes move, not copied
       value->producer_ = node;
       value->producerOutput_ = i;
       node->outputs_.push_back(value);
     }
-    np.clear_output();
+    freeStrings(*np.mutable_output());
     if (!node->subgraphs_.empty()) ++graph.nodesWithSubgraphs_;
     node->position_ = graph.nodes_.insert(graph.nodes_.end(), std::move(owned));
   }

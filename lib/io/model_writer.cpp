@@ -406,29 +406,26 @@ void writeStreamed(onnx::ModelProto& proto, const std::vector<ModelWriter::Strea
     nodeSizes[i] = streamedNodeSize(nodes[i]);
     nodeBytes += 1 + varintSize(nodeSizes[i]) + nodeSizes[i];
   }
+  // Initializers with deferred bytes are written in three pieces; the others straight from their protos, whose
+  // sizes ByteSizeLong() caches.
   struct Piece {
     std::string before, after;  // the tensor's serialization around where raw_data goes
     const DeferredBytes* raw = nullptr;
     std::size_t size = 0;
   };
-  std::vector<Piece> pieces(splicedBytes.size());
+  std::vector<Piece> pieces;
   std::size_t initializerBytes = 0;
-  for (std::size_t i = 0; i < pieces.size(); ++i) {
-    Piece& piece = pieces[i];
+  for (std::size_t i = 0; i < splicedBytes.size(); ++i) {
     const onnx::TensorProto& tensor = graph->initializer(static_cast<int>(i));
-    piece.raw = splicedBytes[i];
-    if (piece.raw) {
-      tensor.ByteSizeLong();
+    std::size_t size = tensor.ByteSizeLong();
+    if (const DeferredBytes* raw = splicedBytes[i]) {
       std::string bytes = serializeDeterministic(tensor);
       const std::size_t split = insertionPoint(bytes, onnx::TensorProto::descriptor(), 9);
-      piece.before = bytes.substr(0, split);
-      piece.after = bytes.substr(split);
-      const auto length = static_cast<uint64_t>(piece.raw->size());
-      piece.size = bytes.size() + 1 + varintSize(length) + length;
-    } else {
-      piece.size = tensor.ByteSizeLong();
+      const auto length = static_cast<uint64_t>(raw->size());
+      size = bytes.size() + 1 + varintSize(length) + length;
+      pieces.push_back({bytes.substr(0, split), bytes.substr(split), raw, size});
     }
-    initializerBytes += 1 + varintSize(piece.size) + piece.size;
+    initializerBytes += 1 + varintSize(size) + size;
   }
   // The graph without its initializers, and the model without its graph.
   google::protobuf::RepeatedPtrField<onnx::TensorProto> initializers;
@@ -453,18 +450,21 @@ void writeStreamed(onnx::ModelProto& proto, const std::vector<ModelWriter::Strea
   // node is GraphProto's field 1, so the nodes come first.
   for (std::size_t i = 0; i < nodes.size(); ++i) appendStreamedNode(nodes[i], nodeSizes[i], out);
   out.append(std::string_view(graphBytes).substr(0, graphSplit));
-  for (std::size_t i = 0; i < pieces.size(); ++i) {
-    const Piece& piece = pieces[i];
+  auto piece = pieces.begin();
+  for (std::size_t i = 0; i < splicedBytes.size(); ++i) {
     out.appendTag(5);
-    out.appendVarint(piece.size);
-    if (piece.raw) {
-      out.append(piece.before);
+    if (splicedBytes[i]) {
+      out.appendVarint(piece->size);
+      out.append(piece->before);
       out.appendTag(9);
-      out.appendVarint(static_cast<uint64_t>(piece.raw->size()));
-      out.appendDeferred(*piece.raw);
-      out.append(piece.after);
+      out.appendVarint(static_cast<uint64_t>(piece->raw->size()));
+      out.appendDeferred(*piece->raw);
+      out.append(piece->after);
+      ++piece;
     } else {
-      out.appendMessage(graph->initializer(static_cast<int>(i)), piece.size);
+      const onnx::TensorProto& tensor = graph->initializer(static_cast<int>(i));
+      out.appendVarint(tensor.GetCachedSize());
+      out.appendMessage(tensor, static_cast<std::size_t>(tensor.GetCachedSize()));
     }
   }
   out.append(std::string_view(graphBytes).substr(graphSplit));
@@ -536,7 +536,7 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
   // Only the main graph's initializers are spliced from deferred bytes; any other deferred tensor that stays
   // inline (a folded weight in a subgraph) is read into its proto now.
   const std::vector<Tensor*> mainInitializers = writer.mainInitializers();
-  {
+  if (std::any_of(inlineTensors.begin(), inlineTensors.end(), [](const Tensor* t) { return t->deferredRawData(); })) {
     const std::unordered_set<const Tensor*> spliceable(mainInitializers.begin(), mainInitializers.end());
     for (Tensor* tensor : inlineTensors) {
       if (tensor->deferredRawData() && placements.count(tensor) == 0 && spliceable.count(tensor) == 0)

@@ -110,9 +110,9 @@ Value* Graph::lookup(const std::string& name) const {
   return nullptr;
 }
 
-Value* Graph::newValue(const std::string& name) {
+Value* Graph::newValue(std::string name) {
   auto value = std::make_unique<Value>();
-  value->name_ = name;
+  value->name_ = std::move(name);
   value->graph_ = this;
   Value* raw = value.get();
   values_.push_back(std::move(value));

@@ -193,7 +193,7 @@ class Graph {
   friend class ModelReader;
   friend class ModelWriter;
 
-  Value* newValue(const std::string& name);
+  Value* newValue(std::string name);
 
   Model* model_;
   Graph* parent_;
