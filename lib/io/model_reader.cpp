@@ -35,12 +35,13 @@ class ModelReader {
     model_.shell_.Swap(&proto);
     if (!model_.shell_.has_graph()) throw Error(file_, "not an ONNX model: it has no graph");
     std::unique_ptr<onnx::GraphProto> graph(model_.shell_.release_graph());
-    for (const auto& tensor : mainInitializers) model_.valueNames_.addLoaded(tensor->name());
+    model_.nodeNames_.reserve(static_cast<std::size_t>(graph->node_size()));
+    model_.valueNames_.reserve(mainInitializers.size() + static_cast<std::size_t>(graph->initializer_size()) +
+                               static_cast<std::size_t>(graph->input_size() + graph->node_size()));
+    for (const auto& tensor : mainInitializers) model_.valueNames_.insert(tensor->name());
     reserveNames(*graph);
     for (const auto& function : model_.shell_.functions())
-      for (const auto& node : function.node()) model_.nodeNames_.addLoaded(node.name());
-    model_.nodeNames_.sealLoaded();
-    model_.valueNames_.sealLoaded();
+      for (const auto& node : function.node()) model_.nodeNames_.insert(node.name());
     pinTrainingInfoNames();
     buildGraph(*model_.graph_, *graph, std::move(mainInitializers));
   }
@@ -48,11 +49,11 @@ class ModelReader {
  private:
   // Existing names are reserved first so the names given to unnamed nodes never clash with later ones.
   void reserveNames(const onnx::GraphProto& graph) {
-    for (const auto& init : graph.initializer()) model_.valueNames_.addLoaded(init.name());
-    for (const auto& input : graph.input()) model_.valueNames_.addLoaded(input.name());
+    for (const auto& init : graph.initializer()) model_.valueNames_.insert(init.name());
+    for (const auto& input : graph.input()) model_.valueNames_.insert(input.name());
     for (const auto& node : graph.node()) {
-      if (!node.name().empty()) model_.nodeNames_.addLoaded(node.name());
-      for (const auto& output : node.output()) model_.valueNames_.addLoaded(output);
+      if (!node.name().empty()) model_.nodeNames_.insert(node.name());
+      for (const auto& output : node.output()) model_.valueNames_.insert(output);
       for (const auto& attr : node.attribute()) {
         if (attr.has_g()) reserveNames(attr.g());
         for (const auto& g : attr.graphs()) reserveNames(g);

@@ -215,14 +215,30 @@ int64_t Model::opsetVersion(const std::string& domain) const {
   return -1;
 }
 
-void NameSet::sealLoaded() {
-  std::sort(loaded_.begin(), loaded_.end());
-  loaded_.erase(std::unique(loaded_.begin(), loaded_.end()), loaded_.end());
+bool NameSet::insert(std::string_view name) { return insertHash(hashOf(name)); }
+
+bool NameSet::insertHash(uint64_t hash) {
+  if (2 * (size_ + 1) > slots_.size()) reserve(size_ + 1);
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = hash & mask;; i = (i + 1) & mask) {
+    if (slots_[i] == hash) return false;
+    if (slots_[i] == 0) {
+      slots_[i] = hash;
+      ++size_;
+      return true;
+    }
+  }
 }
 
-bool NameSet::insert(std::string_view name) {
-  const uint64_t hash = hashOf(name);
-  return !std::binary_search(loaded_.begin(), loaded_.end(), hash) && added_.insert(hash).second;
+void NameSet::reserve(std::size_t count) {
+  std::size_t capacity = slots_.empty() ? 64 : slots_.size();
+  while (capacity < 2 * count) capacity *= 2;
+  if (capacity == slots_.size()) return;
+  std::vector<uint64_t> old(capacity, 0);
+  old.swap(slots_);
+  size_ = 0;
+  for (uint64_t hash : old)
+    if (hash != 0) insertHash(hash);
 }
 
 namespace {

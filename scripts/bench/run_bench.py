@@ -59,11 +59,12 @@ IN_PROCESS = {"ort": ("create_s", "ort-create"), "ort-compare": ("compare_s", "o
 
 
 class Model:
-    def __init__(self, name, generator, description, large=False):
+    def __init__(self, name, generator, description, large=False, skip_tools=()):
         self.name = name
         self.generator = generator  # argv after the interpreter; "{out}" / "{dir}" are substituted
         self.description = description
         self.large = large
+        self.skip_tools = set(skip_tools)  # tools not run on this model
 
     def folder(self, out_dir):
         return out_dir / "models" / self.name
@@ -79,6 +80,11 @@ MODELS = [
     Model("mlp-matmul", [SCRIPTS / "bench/gen_mlp.py", "{out}", "--layer", "matmul"],
           "MLP 6 x MatMul+BN, width 2048"),
     Model("decoder", [SCRIPTS / "bench/gen_decoder.py", "{out}"], "DCGAN decoder, 4 ConvTranspose+BN"),
+    # Issue 16: tens of thousands of small nodes. ONNX Runtime takes about 10 s per session on it, so its two
+    # tools are left out; the floor is what bnfold is measured against here.
+    Model("graph-heavy", [SCRIPTS / "bench/gen_graph_heavy.py", "{out}"],
+          "51,800 nodes: Conv+BN+Relu, Transpose, Reshape, MatMul+Add, SiLU, residual Add",
+          skip_tools=("ort", "ort-compare")),
     Model("large", [SCRIPTS / "gen_large_model.py", "{dir}", "--size-gb", "{size_gb}"],
           "wide Gemm/Conv/MatMul+BN, external data", large=True),
 ]
@@ -256,7 +262,7 @@ def make_tools(args, model, files, folded):
         if not args.no_ort:
             tools.append(Tool("ort-compare", lambda out: ["node", SCRIPTS / "bench/ort_compare.js", files[0], folded,
                                                           "--atol", str(VERIFY_ATOL), "--rtol", str(VERIFY_RTOL)]))
-    return [tool for tool in tools if tool.key in args.tools]
+    return [tool for tool in tools if tool.key in args.tools and tool.key not in model.skip_tools]
 
 
 def check_verification(report_path):
@@ -307,7 +313,7 @@ def bench_model(args, model):
               "bytes": size, "bn_in": counts.get("BatchNormalization", 0), "nodes_in": sum(counts.values()),
               "tools": {}, "errors": {}}
     folded = args.out_dir / "folded" / model.name / "model.onnx"
-    if "ort-compare" in args.tools and not model.large and not args.no_ort:
+    if "ort-compare" in args.tools and "ort-compare" not in model.skip_tools and not model.large and not args.no_ort:
         # The ORT comparison's second model: bnfold's output, made once, untimed.
         clear_folder(folded.parent)
         run = measure([args.build_dir / "apps/bnfold", "fold", files[0], "-o", folded, "-q"])
@@ -645,6 +651,20 @@ def check_targets(results, scaling):
             process = median("resnet50", "ort-compare")
             lines.append(("ResNet-50 fold --verify faster than ORT comparison", f"{verify / compare:.2f}x the "
                           f"comparison's in-process time ({ratio(verify, process)} its process)", verify < compare))
+    heavy = by_name.get("graph-heavy")
+    if heavy:
+        fold, none, floor = (median("graph-heavy", t) for t in ("bnfold", "bnfold-none", "floor"))
+        tools = heavy["tools"]
+        if fold and floor:
+            lines.append(("graph-heavy fold wall <= 2x floor", f"{fold / floor:.2f}x", fold <= 2 * floor))
+        if none and floor:
+            lines.append(("graph-heavy --rules none wall <= 1.3x floor", f"{none / floor:.2f}x", none <= 1.3 * floor))
+        if "floor" in tools:
+            floor_rss = tools["floor"]["rss_max_mb"]
+            for tool, label in (("bnfold", "fold"), ("bnfold-none", "--rules none")):
+                if tool in tools:
+                    rss = tools[tool]["rss_max_mb"] / floor_rss
+                    lines.append((f"graph-heavy {label} peak RSS <= 1.5x floor's", f"{rss:.2f}x", rss <= 1.5))
     large = by_name.get("large")
     if large:
         if "bnfold" in large["tools"]:
@@ -661,10 +681,10 @@ def check_targets(results, scaling):
             lines.append((">2 GB output: small model file, external data beside it",
                           f"model file {info['model_bytes'] / MB:.1f} MB, data {info['data_bytes'] / MB:.0f} MB", ok))
     if scaling and scaling["ratio"] is not None:
-        lines.append(("rule time 10x nodes <= 12x", f"{scaling['ratio']:.1f}x", scaling["ratio"] <= 12))
+        lines.append(("rule time 10x nodes <= 11x", f"{scaling['ratio']:.1f}x", scaling["ratio"] <= 11))
     if scaling and scaling.get("ratio_instructions") is not None:
-        lines.append(("rule instructions 10x nodes <= 12x (callgrind)", f"{scaling['ratio_instructions']:.2f}x",
-                      scaling["ratio_instructions"] <= 12))
+        lines.append(("rule instructions 10x nodes <= 11x (callgrind)", f"{scaling['ratio_instructions']:.2f}x",
+                      scaling["ratio_instructions"] <= 11))
     return lines
 
 

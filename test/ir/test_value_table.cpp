@@ -4,6 +4,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "bnfold/ir/model.h"
 #include "bnfold/ir/value_table.h"
 #include "test_support.h"
 
@@ -46,4 +47,28 @@ TEST_CASE("ValueTable finds, replaces and erases as a map of names does", "[ir][
   CHECK(table.find("not a value") == nullptr);
   table.reserve(1000);
   for (const auto& [name, value] : expected) CHECK(table.find(name) == value);
+}
+
+TEST_CASE("NameSet refuses a name it holds and grows past what was reserved", "[ir][value_table]") {
+  NameSet names;
+  names.reserve(4);
+  for (int i = 0; i < 5000; ++i) REQUIRE(names.insert("value_" + std::to_string(i)));
+  for (int i = 0; i < 5000; i += 7) REQUIRE_FALSE(names.insert("value_" + std::to_string(i)));
+  CHECK(names.insert("value_5000"));
+  CHECK(names.insert(""));
+  CHECK_FALSE(names.insert(""));
+}
+
+TEST_CASE("unique names skip every name of the loaded model, nested graphs included", "[ir][value_table]") {
+  auto model = parseModel(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (bool c, float[2] x) => (float[2] y)
+{
+  y = If (c) <then_branch = t () => (float[2] x_1) { x_1 = Relu (x) },
+              else_branch = e () => (float[2] x_2) { x_2 = Neg (x) }>
+}
+)ONNX");
+  CHECK(model->uniqueValueName("x") == "x_3");
+  CHECK(model->uniqueValueName("x") == "x_4");
+  CHECK(model->uniqueValueName("fresh") == "fresh");
 }

@@ -24,21 +24,25 @@ struct ReorderedGraph {
   std::size_t movedNodes = 0;  ///< the fewest nodes that had to move (the others kept their relative order)
 };
 
-/// The names a model uses, for handing out new ones that clash with none. Names are kept as 64-bit hashes, not
-/// strings: a model of 50,000 nodes has over 100,000 names, and copying each into a set cost a sixth of loading
-/// it. Two names with one hash make a free name look taken, which only means the next candidate is tried.
+/// The names a model uses, for handing out new ones that clash with none. Names are kept as 64-bit hashes in an
+/// open-addressing table, not as strings: a model of 50,000 nodes has over 100,000 names, and copying each into a
+/// std::unordered_set cost a sixth of loading it. Two names with one hash make a free name look taken, which only
+/// means the next candidate is tried.
 class NameSet {
  public:
-  /// Adds a name while the model is loaded; call sealLoaded() before the first insert().
-  void addLoaded(std::string_view name) { loaded_.push_back(hashOf(name)); }
-  void sealLoaded();
   /// Adds `name` unless it is (or may be) there already; true when it was added.
   bool insert(std::string_view name);
+  /// Room for `count` names without growing.
+  void reserve(std::size_t count);
 
  private:
-  static uint64_t hashOf(std::string_view name) { return std::hash<std::string_view>{}(name); }
-  std::vector<uint64_t> loaded_;          // sorted once loading is done
-  std::unordered_set<uint64_t> added_;    // names handed out since
+  static uint64_t hashOf(std::string_view name) {
+    const uint64_t hash = std::hash<std::string_view>{}(name);
+    return hash == 0 ? 1 : hash;  // 0 marks an empty slot
+  }
+  bool insertHash(uint64_t hash);
+  std::vector<uint64_t> slots_;
+  std::size_t size_ = 0;
 };
 
 class Model {
