@@ -1,5 +1,6 @@
 #include "deferred_parser.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,8 +28,8 @@ bool isLengthDelimited(uint32_t tag) {
 
 class Parser {
  public:
-  Parser(CodedInputStream& input, std::shared_ptr<const SourceFile> file, std::string baseDir)
-      : in_(input), file_(std::move(file)), baseDir_(std::move(baseDir)) {}
+  Parser(CodedInputStream& input, std::shared_ptr<const SourceFile> file, std::string baseDir, int64_t fileSize)
+      : in_(input), file_(std::move(file)), baseDir_(std::move(baseDir)), fileSize_(fileSize) {}
 
   bool parseModel(DeferredModel& out) {
     std::string shellBytes, graphBytes;
@@ -61,8 +62,10 @@ class Parser {
   // Copies the graph's fields except its initializers to `graphBytes` (tag, length and bytes as they are: a
   // graph of 50,000 nodes is megabytes of them), and parses the initializers into Tensors.
   bool parseGraph(std::string& graphBytes, std::vector<std::unique_ptr<Tensor>>& initializers, uint32_t length) {
-    constexpr uint32_t kMaxReserve = 256u << 20;  // `length` counts the initializers too, up to 2 GiB of them
-    graphBytes.reserve(std::min(length, kMaxReserve));
+    // `length` counts the initializers too, and a corrupt file may claim any length: reserve no more than the file
+    // still holds, and at most 256 MiB.
+    constexpr int64_t kMaxReserve = 256 << 20;
+    graphBytes.reserve(static_cast<std::size_t>(std::min({static_cast<int64_t>(length), bytesLeft(), kMaxReserve})));
     for (uint32_t tag; (tag = in_.ReadTag()) != 0;) {
       if (!isLengthDelimited(tag)) {
         StringOutputStream graphStream(&graphBytes);
@@ -84,6 +87,7 @@ class Parser {
         initializers.push_back(std::move(tensor));
         continue;
       }
+      if (fieldLength > bytesLeft()) return false;  // truncated or corrupt; checked before allocating for it
       appendVarint(graphBytes, tag);
       appendVarint(graphBytes, fieldLength);
       const std::size_t start = graphBytes.size();
@@ -92,6 +96,8 @@ class Parser {
     }
     return true;
   }
+
+  int64_t bytesLeft() const { return std::max<int64_t>(0, fileSize_ - in_.CurrentPosition()); }
 
   static void appendVarint(std::string& out, uint32_t value) {
     uint8_t bytes[5];  // a varint32 takes at most 5 bytes
@@ -148,17 +154,20 @@ class Parser {
   CodedInputStream& in_;
   std::shared_ptr<const SourceFile> file_;
   std::string baseDir_;
+  int64_t fileSize_;
 };
 
 }  // namespace
 
 bool parseDeferred(int fd, const std::string& path, const std::string& baseDir, DeferredModel& out) {
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) return false;
   const int ownFd = ::dup(fd);  // the tensors keep the file open for as long as they need it
   if (ownFd < 0) return false;
   auto file = std::make_shared<const SourceFile>(ownFd, path);
   google::protobuf::io::FileInputStream stream(fd, 1 << 20);
   CodedInputStream input(&stream);
-  Parser parser(input, file, baseDir);
+  Parser parser(input, file, baseDir, static_cast<int64_t>(info.st_size));
   return parser.parseModel(out);
 }
 
