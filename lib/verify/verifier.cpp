@@ -13,6 +13,11 @@ namespace {
 // Stand-in batch: two samples where batch statistics or broadcasting over the batch are in play; one for a layer,
 // whose samples are independent (it halves the largest cost of verifying a ResNet).
 constexpr int64_t kStandInBatch = 2;
+// The most elements the verifier makes up for one input (256 MiB of floats). A model's attributes can ask for any
+// size; beyond this the rewrite cannot be evaluated, which counts as a failed verification.
+constexpr int64_t kGeneratedElementLimit = int64_t{1} << 26;
+// Kernel, dilation and stride sizes above this get no stand-in shape (their products would overflow).
+constexpr int64_t kStandInSizeLimit = int64_t{1} << 20;
 constexpr int64_t kStandInLayerBatch = 1;
 
 const RegionNode* firstReader(const Region& region, const std::string& name, std::size_t* slot) {
@@ -51,7 +56,11 @@ std::optional<Dims> standInShape(const Region& region, const RuntimeInput& input
     const std::size_t spatial = w->dims.size() - 2;
     for (std::size_t i = 0; i < spatial; ++i) {
       const int64_t stride = std::max<int64_t>(i < strides.size() ? strides[i] : 1, 1);
-      const int64_t extent = (w->dims[i + 2] - 1) * (i < dilations.size() ? dilations[i] : 1) + 1;
+      const int64_t dilation = i < dilations.size() ? dilations[i] : 1;
+      if (stride > kStandInSizeLimit || dilation < 1 || dilation > kStandInSizeLimit ||
+          w->dims[i + 2] > kStandInSizeLimit)
+        return std::nullopt;
+      const int64_t extent = (w->dims[i + 2] - 1) * dilation + 1;
       if (op == "Conv") {
         dims.push_back(extent + stride);
         continue;
@@ -147,7 +156,10 @@ Operand<T> randomOperand(const RuntimeInput& input, const Dims& dims, DataType t
   Operand<T> operand;
   operand.type = type;
   operand.real.dims = dims;
-  const int64_t count = elementCount(dims);
+  const int64_t count = saturatingElementCount(dims);
+  if (count > kGeneratedElementLimit)
+    throw EvaluationError("run-time input '" + input.name + "' would need " + std::to_string(count) +
+                          " elements, more than the verifier makes up (" + std::to_string(kGeneratedElementLimit) + ")");
   operand.real.data.resize(static_cast<std::size_t>(count));
   for (T& v : operand.real.data) v = static_cast<T>(roundedTo(type, distribution(generator)));
   return operand;

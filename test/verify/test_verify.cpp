@@ -416,6 +416,17 @@ TEST_CASE("verify: large or symbolic inputs get a small stand-in shape", "[verif
   }
 }
 
+// Found by the graph fuzzer: attributes that make the stand-in or the real input enormous must fail the rewrite's
+// verification with a reason, not allocate (or overflow computing) the size.
+TEST_CASE("verify: an input too large to make up fails verification instead of being allocated", "[verify]") {
+  auto model = parseModel(
+      convBnText("float[1,3,100000,100000]", "float[1,4,100000,100000]", "dilations = [1099511627776, 1099511627776]"));
+  const Report report = run(*model, {"bn-fold"});
+  const json& verify = onlyEntry(report, "folds")["verify"];
+  CHECK(verify["passed"] == false);
+  CHECK_THAT(verify.dump(), Catch::Contains("more than the verifier makes up"));
+}
+
 TEST_CASE("verify: a ConvTranspose whose pads crop more than its kernel adds gets a stand-in with output left",
           "[verify]") {
   // Kernel 1, stride 1, pads 2 on each side: three input positions would give a negative output size.
