@@ -1,6 +1,5 @@
 #include "bnfold/ir/graph.h"
 
-#include <algorithm>
 #include <stdexcept>
 #include <unordered_set>
 

@@ -216,7 +216,6 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
       auto bucket = rulesByOp.find(node->opType());
       if (bucket == rulesByOp.end() || context.isKept(*node)) continue;
       // Only a BatchNormalization's failures are reported (as "skipped"); other roots' are dropped at once.
-      scratchFailures.clear();
       auto& nodeFailures = node->isOnnxOp("BatchNormalization") ? failures[node] : scratchFailures;
       nodeFailures.clear();
       // Every rule reads input 0 and replaces output 0 of its root (BatchNormalization, Add, Mul, ...); a node
