@@ -35,19 +35,35 @@ class ModelReader {
     model_.shell_.Swap(&proto);
     if (!model_.shell_.has_graph()) throw Error(file_, "not an ONNX model: it has no graph");
     std::unique_ptr<onnx::GraphProto> graph(model_.shell_.release_graph());
-    model_.nodeNames_.reserve(static_cast<std::size_t>(graph->node_size()));
-    model_.valueNames_.reserve(mainInitializers.size() + static_cast<std::size_t>(graph->initializer_size()) +
-                               static_cast<std::size_t>(graph->input_size() + graph->node_size()));
-    for (const auto& tensor : mainInitializers) model_.valueNames_.insert(tensor->name());
-    reserveNames(*graph);
-    for (const auto& function : model_.shell_.functions())
-      for (const auto& node : function.node()) model_.nodeNames_.insert(node.name());
+    if (options_.nameUnnamedNodes && hasUnnamedNode(*graph)) {
+      // The names given to unnamed nodes while the graph is built must not clash with names met later: reserve
+      // every name first. Otherwise the model reserves them on its first request for a new name.
+      model_.namesReserved_ = true;
+      model_.nodeNames_.reserve(static_cast<std::size_t>(graph->node_size()));
+      model_.valueNames_.reserve(mainInitializers.size() + static_cast<std::size_t>(graph->initializer_size()) +
+                                 static_cast<std::size_t>(graph->input_size() + graph->node_size()));
+      for (const auto& tensor : mainInitializers) model_.valueNames_.insert(tensor->name());
+      reserveNames(*graph);
+      for (const auto& function : model_.shell_.functions())
+        for (const auto& node : function.node()) model_.nodeNames_.insert(node.name());
+    }
     pinTrainingInfoNames();
     buildGraph(*model_.graph_, *graph, std::move(mainInitializers));
   }
 
  private:
-  // Existing names are reserved first so the names given to unnamed nodes never clash with later ones.
+  static bool hasUnnamedNode(const onnx::GraphProto& graph) {
+    for (const auto& node : graph.node()) {
+      if (node.name().empty()) return true;
+      for (const auto& attr : node.attribute()) {
+        if (attr.has_g() && hasUnnamedNode(attr.g())) return true;
+        for (const auto& g : attr.graphs())
+          if (hasUnnamedNode(g)) return true;
+      }
+    }
+    return false;
+  }
+
   void reserveNames(const onnx::GraphProto& graph) {
     for (const auto& init : graph.initializer()) model_.valueNames_.insert(init.name());
     for (const auto& input : graph.input()) model_.valueNames_.insert(input.name());
@@ -99,9 +115,9 @@ class ModelReader {
     for (auto& tensor : tensors) {
       if (tensor->name().empty()) throw Error(file_, graphLabel(graph) + " has an initializer without a name");
       tensor->validate(file_);
-      if (graph.findLocal(tensor->name()))
-        throw Error(file_, graphLabel(graph) + " defines initializer '" + tensor->name() + "' twice");
-      Value* value = graph.newValue(tensor->name());
+      Value* defined = nullptr;
+      Value* value = graph.newValue(tensor->name(), &defined);
+      if (defined) throw Error(file_, graphLabel(graph) + " defines initializer '" + tensor->name() + "' twice");
       value->initializer_ = std::move(tensor);
       graph.initializers_.push_back(value);
     }
@@ -237,10 +253,11 @@ class ModelReader {
         node->outputs_.push_back(nullptr);
         continue;
       }
-      if (Value* existing = graph.findLocal(name))
-        throw Error(file_, label() + " writes '" + name + "', which is already defined" +
+      Value* existing = nullptr;
+      Value* value = graph.newValue(std::move(*np.mutable_output(i)), &existing);  // the name's bytes move, not copied
+      if (existing)
+        throw Error(file_, label() + " writes '" + value->name() + "', which is already defined" +
                                (existing->producer() ? " by node '" + existing->producer()->name() + "'" : ""));
-      Value* value = graph.newValue(std::move(*np.mutable_output(i)));  // the name's bytes move, not copied
       value->producer_ = node;
       value->producerOutput_ = i;
       node->outputs_.push_back(value);

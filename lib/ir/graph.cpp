@@ -109,13 +109,14 @@ Value* Graph::lookup(const std::string& name) const {
   return nullptr;
 }
 
-Value* Graph::newValue(std::string name) {
+Value* Graph::newValue(std::string name, Value** replaced) {
   auto value = std::make_unique<Value>();
   value->name_ = std::move(name);
   value->graph_ = this;
   Value* raw = value.get();
   values_.push_back(std::move(value));
-  valuesByName_.insert(raw);
+  Value* previous = valuesByName_.insert(raw);
+  if (replaced) *replaced = previous;
   return raw;
 }
 
@@ -250,8 +251,34 @@ std::string reserveUnique(NameSet& used, const std::string& hint) {
 }
 }  // namespace
 
-std::string Model::uniqueNodeName(const std::string& hint) { return reserveUnique(nodeNames_, hint); }
-std::string Model::uniqueValueName(const std::string& hint) { return reserveUnique(valueNames_, hint); }
+void Model::reserveExistingNames() {
+  namesReserved_ = true;
+  const std::vector<Graph*> graphs = allGraphs();
+  std::size_t nodeCount = 0, valueCount = 0;
+  for (const Graph* graph : graphs) {
+    nodeCount += graph->nodes_.size();
+    valueCount += graph->values_.size();
+  }
+  nodeNames_.reserve(nodeCount);
+  valueNames_.reserve(valueCount);
+  for (const Graph* graph : graphs) {
+    for (const auto& node : graph->nodes_)
+      if (!node->name().empty()) nodeNames_.insert(node->name());
+    for (const auto& value : graph->values_) valueNames_.insert(value->name());
+  }
+  for (const auto& function : shell_.functions())
+    for (const auto& node : function.node()) nodeNames_.insert(node.name());
+}
+
+std::string Model::uniqueNodeName(const std::string& hint) {
+  if (!namesReserved_) reserveExistingNames();
+  return reserveUnique(nodeNames_, hint);
+}
+
+std::string Model::uniqueValueName(const std::string& hint) {
+  if (!namesReserved_) reserveExistingNames();
+  return reserveUnique(valueNames_, hint);
+}
 
 std::vector<Graph*> Model::allGraphs() {
   std::vector<Graph*> graphs{graph_.get()};

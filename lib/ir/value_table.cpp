@@ -17,12 +17,14 @@ Value* ValueTable::find(std::string_view name) const {
   return slots_[probe(name, hashOf(name))].value;
 }
 
-void ValueTable::insert(Value* value) {
+Value* ValueTable::insert(Value* value) {
   if (2 * (size_ + 1) > slots_.size()) rehash(slots_.empty() ? 16 : 2 * slots_.size());
   const std::size_t hash = hashOf(value->name());
   Slot& slot = slots_[probe(value->name(), hash)];
-  if (!slot.value) ++size_;
+  Value* replaced = slot.value;
+  if (!replaced) ++size_;
   slot = {hash, value};
+  return replaced;
 }
 
 void ValueTable::erase(std::string_view name) {

@@ -89,8 +89,13 @@ class Model {
   std::unique_ptr<Graph> graph_;
   std::string path_;
   std::string baseDir_;
+  // Reserves every node and value name the model has, on the first request for a new name: a load that asks for
+  // none (`--rules none`, `check`, `info`) never hashes its names.
+  void reserveExistingNames();
+
   NameSet nodeNames_;
   NameSet valueNames_;
+  bool namesReserved_ = false;
   std::unordered_set<std::string> pinnedNames_;
   std::vector<ReorderedGraph> reorderedGraphs_;
 };

@@ -17,8 +17,9 @@ class ValueTable {
  public:
   /// The value registered under `name`, or null.
   Value* find(std::string_view name) const;
-  /// Registers `value` under its current name, replacing any value registered under that name.
-  void insert(Value* value);
+  /// Registers `value` under its current name, replacing any value registered under that name: returns that
+  /// value, or null.
+  Value* insert(Value* value);
   /// Removes whatever is registered under `name`. Rename a value by erasing it, renaming, inserting it again.
   void erase(std::string_view name);
   /// Room for `count` values without growing.
