@@ -239,68 +239,69 @@ bool isInsideFolder(const fs::path& inner, const fs::path& folder) {
 }  // namespace
 
 void Tensor::validate(const std::string& file) const {
-  const std::string what = "tensor '" + name() + "'";
+  // Only an error needs the text: a model of 30,000 tensors would build it 30,000 times.
+  const auto what = [this] { return "tensor '" + name() + "'"; };
   for (int64_t dim : proto_->dims())
-    if (dim < 0) throw Error(file, what + " has a negative dimension " + std::to_string(dim));
+    if (dim < 0) throw Error(file, what() + " has a negative dimension " + std::to_string(dim));
   const DataType type = dataType();
-  if (type == DataType::Undefined) throw Error(file, what + " has no data type");
+  if (type == DataType::Undefined) throw Error(file, what() + " has no data type");
   const std::optional<int64_t> checkedCount = checkedElementCount(proto_->dims());
   if (!checkedCount)
-    throw Error(file, what + " has dims " + dimsText(proto_->dims()) + " whose element count does not fit in 64 bits");
+    throw Error(file, what() + " has dims " + dimsText(proto_->dims()) + " whose element count does not fit in 64 bits");
   const int64_t count = *checkedCount;
   if (!checkedProduct(count, static_cast<int64_t>(elementSize(type))))
-    throw Error(file, what + " has dims " + dimsText(proto_->dims()) + " whose size in bytes does not fit in 64 bits");
+    throw Error(file, what() + " has dims " + dimsText(proto_->dims()) + " whose size in bytes does not fit in 64 bits");
   if (isExternal()) {
     ExternalDataRef ref;
     for (const auto& entry : proto_->external_data()) {
       if ((entry.key() == "offset" || entry.key() == "length") && !parseExternalNumber(entry.value()))
-        throw Error(file, what + " has external data " + entry.key() + " '" + entry.value() +
+        throw Error(file, what() + " has external data " + entry.key() + " '" + entry.value() +
                               "' that is not a number of bytes that fits in 64 bits");
     }
     ref = externalData();
-    if (ref.location.empty()) throw Error(file, what + " is stored externally but names no location");
+    if (ref.location.empty()) throw Error(file, what() + " is stored externally but names no location");
     const fs::path location(ref.location);
     if (location.is_absolute())
-      throw Error(file, what + " has external data at an absolute path '" + ref.location +
+      throw Error(file, what() + " has external data at an absolute path '" + ref.location +
                             "'; only paths inside the model's folder are allowed");
     for (const auto& part : location)
       if (part == "..")
-        throw Error(file, what + " has external data path '" + ref.location + "' that leaves the model's folder");
+        throw Error(file, what() + " has external data path '" + ref.location + "' that leaves the model's folder");
     std::error_code ec;
     const fs::path folder = fs::weakly_canonical(fs::path(baseDir_.empty() ? "." : baseDir_), ec);
     const fs::path dataPath = fs::path(baseDir_.empty() ? "." : baseDir_) / location;
     if (!fs::exists(dataPath, ec))
-      throw Error(file, what + " has external data file '" + ref.location + "' that does not exist");
+      throw Error(file, what() + " has external data file '" + ref.location + "' that does not exist");
     const fs::path resolved = fs::canonical(dataPath, ec);
     if (ec || !isInsideFolder(resolved, folder))
-      throw Error(file, what + " has external data file '" + ref.location +
+      throw Error(file, what() + " has external data file '" + ref.location +
                             "' that resolves outside the model's folder");
     if (!fs::is_regular_file(resolved, ec))
-      throw Error(file, what + " has external data '" + ref.location + "' that is not a regular file");
+      throw Error(file, what() + " has external data '" + ref.location + "' that is not a regular file");
     const auto fileSize = static_cast<int64_t>(fs::file_size(resolved, ec));
     const int64_t expected = byteSize();
     const int64_t available = fileSize - ref.offset;
     const int64_t length = ref.length >= 0 ? ref.length : available;
     if (ref.offset < 0 || ref.offset > fileSize || length > available)
-      throw Error(file, what + " reads " + std::to_string(length) + " bytes from offset " + std::to_string(ref.offset) +
+      throw Error(file, what() + " reads " + std::to_string(length) + " bytes from offset " + std::to_string(ref.offset) +
                             " of '" + ref.location + "', which has only " + std::to_string(fileSize) + " bytes");
     if (type != DataType::String && length != expected)
-      throw Error(file, what + " has " + std::to_string(length) + " bytes of external data but its dims and type (" +
+      throw Error(file, what() + " has " + std::to_string(length) + " bytes of external data but its dims and type (" +
                             dataTypeName(type) + ") need " + std::to_string(expected));
     return;
   }
   if (proto_->has_raw_data() || deferred_) {
-    if (type == DataType::String) throw Error(file, what + " is a string tensor with raw_data");
+    if (type == DataType::String) throw Error(file, what() + " is a string tensor with raw_data");
     const auto have = deferred_ ? deferred_->size() : static_cast<int64_t>(proto_->raw_data().size());
     if (have != byteSize())
-      throw Error(file, what + " has " + std::to_string(have) + " bytes of raw_data but its dims and type (" +
+      throw Error(file, what() + " has " + std::to_string(have) + " bytes of raw_data but its dims and type (" +
                             dataTypeName(type) + ") need " + std::to_string(byteSize()));
     return;
   }
   const int64_t have = typedFieldCount(*proto_, type);
   const int64_t need = count * typedFieldUnitsPerElement(type);  // fits: the byte size (>= 8 per complex) does
   if (have != need)
-    throw Error(file, what + " holds " + std::to_string(have) + " values but its dims need " + std::to_string(need));
+    throw Error(file, what() + " holds " + std::to_string(have) + " values but its dims need " + std::to_string(need));
 }
 
 std::string_view Tensor::bytes() const {
