@@ -88,22 +88,21 @@ class Parser {
         continue;
       }
       if (fieldLength > bytesLeft()) return false;  // truncated or corrupt; checked before allocating for it
-      appendVarint(graphBytes, tag);
-      appendVarint(graphBytes, fieldLength);
-      const std::size_t start = graphBytes.size();
-      graphBytes.resize(start + fieldLength);
-      if (!in_.ReadRaw(graphBytes.data() + start, static_cast<int>(fieldLength))) return false;
+      // Tag and length are written in place: two appends per field were a tenth of this copy's cost.
+      constexpr std::size_t kMaxVarint32 = 5;
+      std::size_t end = graphBytes.size();
+      graphBytes.resize(end + 2 * kMaxVarint32 + fieldLength);
+      auto* out = reinterpret_cast<uint8_t*>(graphBytes.data() + end);
+      out = CodedOutputStream::WriteVarint32ToArray(tag, out);
+      out = CodedOutputStream::WriteVarint32ToArray(fieldLength, out);
+      end = static_cast<std::size_t>(reinterpret_cast<char*>(out) - graphBytes.data());
+      graphBytes.resize(end + fieldLength);
+      if (!in_.ReadRaw(graphBytes.data() + end, static_cast<int>(fieldLength))) return false;
     }
     return true;
   }
 
   int64_t bytesLeft() const { return std::max<int64_t>(0, fileSize_ - in_.CurrentPosition()); }
-
-  static void appendVarint(std::string& out, uint32_t value) {
-    uint8_t bytes[5];  // a varint32 takes at most 5 bytes
-    const uint8_t* end = CodedOutputStream::WriteVarint32ToArray(value, bytes);
-    out.append(reinterpret_cast<const char*>(bytes), static_cast<std::size_t>(end - bytes));
-  }
 
   // A tensor smaller than the deferral threshold cannot hold a raw_data to defer: parsed as it is.
   bool parseSmallTensor(std::unique_ptr<Tensor>& tensor, uint32_t length) {
