@@ -139,8 +139,12 @@ class ModelReader {
     proto.clear_input();
 
     sortNodes(graph, proto);
-    for (auto& nodeProto : *proto.mutable_node()) buildNode(graph, nodeProto);
-    google::protobuf::RepeatedPtrField<onnx::NodeProto>().Swap(proto.mutable_node());  // the emptied shells, freed
+    // Each node keeps the NodeProto parsed for it, taken out of the graph's list (no copy, no second shell).
+    const int nodeCount = proto.node_size();
+    std::vector<onnx::NodeProto*> extracted(static_cast<std::size_t>(nodeCount));
+    if (nodeCount > 0) proto.mutable_node()->ExtractSubrange(0, nodeCount, extracted.data());
+    std::vector<std::unique_ptr<onnx::NodeProto>> nodeProtos(extracted.begin(), extracted.end());  // owned at once
+    for (auto& nodeProto : nodeProtos) buildNode(graph, std::move(nodeProto));
 
     for (auto& output : *proto.mutable_output()) {
       Value* value = graph.lookup(output.name());
@@ -197,12 +201,10 @@ class ModelReader {
     google::protobuf::RepeatedPtrField<std::string>().Swap(&strings);
   }
 
-  void buildNode(Graph& graph, onnx::NodeProto& nodeProto) {
-    auto owned = std::make_unique<Node>();
+  void buildNode(Graph& graph, std::unique_ptr<onnx::NodeProto> nodeProto) {
+    NodePtr owned = graph.newNode(std::move(nodeProto));
     Node* node = owned.get();
-    node->graph_ = &graph;
-    node->proto_.Swap(&nodeProto);
-    onnx::NodeProto& np = node->proto_;
+    onnx::NodeProto& np = *node->proto_;
     if (np.name().empty() && options_.nameUnnamedNodes) {
       np.set_name(model_.uniqueNodeName(np.op_type() + "_" + std::to_string(unnamedCounter_[np.op_type()]++)));
     }

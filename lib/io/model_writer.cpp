@@ -123,7 +123,7 @@ class ModelWriter {
       for (auto& nodePtr : graph.nodes_) {
         Node& node = *nodePtr;
         if (node.subgraphs_.empty()) {
-          lendTensorAttributes(node, node.proto_);
+          lendTensorAttributes(node, *node.proto_);
           streamedNodes_.push_back({&node, nullptr});
         } else {
           nodeCopies_.emplace_back();
@@ -139,7 +139,7 @@ class ModelWriter {
   }
 
   void fillNode(Node& node, onnx::NodeProto& np) {
-    np = node.proto_;
+    np = *node.proto_;
     for (Value* input : node.inputs_) np.add_input(input ? input->name() : std::string());
     for (Value* output : node.outputs_) np.add_output(output ? output->name() : std::string());
     for (auto& slot : node.subgraphs_) {

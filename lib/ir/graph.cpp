@@ -7,14 +7,18 @@
 
 namespace bnfold {
 
+Node::Node(Graph* graph, std::unique_ptr<onnx::NodeProto> proto)
+    : proto_(proto ? std::move(proto) : std::make_unique<onnx::NodeProto>()), graph_(graph) {}
 Node::~Node() = default;
+
+Value::Value(Graph* graph) : graph_(graph) {}
 
 bool Node::isOnnxOp(const char* type) const {
   return (domain().empty() || domain() == "ai.onnx") && opType() == type;
 }
 
 const onnx::AttributeProto* Node::attribute(const std::string& name) const {
-  for (const auto& attr : proto_.attribute())
+  for (const auto& attr : proto_->attribute())
     if (attr.name() == name) return &attr;
   return nullptr;
 }
@@ -42,7 +46,7 @@ std::string Node::attributeString(const std::string& name, const std::string& fa
 
 const Tensor* Node::attributeTensor(const std::string& name) const {
   for (const auto& [index, tensor] : tensorAttributes_)
-    if (proto_.attribute(index).name() == name) return tensor.get();
+    if (proto_->attribute(index).name() == name) return tensor.get();
   return nullptr;
 }
 
@@ -89,7 +93,17 @@ const onnx::TypeProto* Value::declaredType() const {
   return nullptr;
 }
 
-Graph::Graph(Model* model, Graph* parent, Node* owner) : model_(model), parent_(parent), owner_(owner) {}
+Graph::Graph(Model* model, Graph* parent, Node* owner)
+    : model_(model),
+      parent_(parent),
+      owner_(owner),
+#ifdef BNFOLD_HEAP_PER_OBJECT
+      memory_(std::pmr::new_delete_resource()),
+#else
+      memory_(&arena_),
+#endif
+      nodes_(memory_) {
+}
 Graph::~Graph() = default;
 
 std::vector<Node*> Graph::nodeList() const {
@@ -110,14 +124,17 @@ Value* Graph::lookup(const std::string& name) const {
 }
 
 Value* Graph::newValue(std::string name, Value** replaced) {
-  auto value = std::make_unique<Value>();
+  ValuePtr value(new (memory_->allocate(sizeof(Value), alignof(Value))) Value(this));
   value->name_ = std::move(name);
-  value->graph_ = this;
   Value* raw = value.get();
   values_.push_back(std::move(value));
   Value* previous = valuesByName_.insert(raw);
   if (replaced) *replaced = previous;
   return raw;
+}
+
+NodePtr Graph::newNode(std::unique_ptr<onnx::NodeProto> proto) {
+  return NodePtr(new (memory_->allocate(sizeof(Node), alignof(Node))) Node(this, std::move(proto)));
 }
 
 std::vector<Graph*> Graph::nestedGraphs() const {

@@ -44,12 +44,11 @@ Node* Rewriter::createNode(const Node* anchor, const std::string& opType, const 
                            const std::vector<std::string>& outputNameHints, const std::string& nameHint,
                            std::vector<onnx::AttributeProto> attributes) {
   Graph& graph = *anchor->graph_;
-  auto owned = std::make_unique<Node>();
+  NodePtr owned = graph.newNode();
   Node* node = owned.get();
-  node->graph_ = &graph;
-  node->proto_.set_op_type(opType);
-  node->proto_.set_name(model_.uniqueNodeName(nameHint));
-  for (auto& attribute : attributes) *node->proto_.add_attribute() = std::move(attribute);
+  node->proto_->set_op_type(opType);
+  node->proto_->set_name(model_.uniqueNodeName(nameHint));
+  for (auto& attribute : attributes) *node->proto_->add_attribute() = std::move(attribute);
   for (std::size_t slot = 0; slot < inputs.size(); ++slot) {
     auto* value = const_cast<Value*>(inputs[slot]);
     node->inputs_.push_back(value);
@@ -86,20 +85,20 @@ void Rewriter::setInput(const Node* constNode, int slot, const Value* constValue
 void Rewriter::setAttribute(const Node* constNode, onnx::AttributeProto attribute) {
   auto* node = const_cast<Node*>(constNode);
   willChange(node);
-  for (auto& existing : *node->proto_.mutable_attribute()) {
+  for (auto& existing : *node->proto_->mutable_attribute()) {
     if (existing.name() == attribute.name()) {
       existing = std::move(attribute);
       touch(node);
       return;
     }
   }
-  *node->proto_.add_attribute() = std::move(attribute);
+  *node->proto_->add_attribute() = std::move(attribute);
   touch(node);
 }
 
 void Rewriter::removeAttribute(const Node* constNode, const std::string& name) {
   auto* node = const_cast<Node*>(constNode);
-  auto* attrs = node->proto_.mutable_attribute();
+  auto* attrs = node->proto_->mutable_attribute();
   for (int i = 0; i < attrs->size(); ++i) {
     if (attrs->Get(i).name() != name) continue;
     for (const auto& slot : node->subgraphs_)
@@ -335,7 +334,7 @@ void Rewriter::finish() {
                 inits.end());
     auto& values = graph->values_;
     values.erase(std::remove_if(values.begin(), values.end(),
-                                [](const std::unique_ptr<Value>& v) { return v->name_.empty() && !v->hasUses(); }),
+                                [](const ValuePtr& v) { return v->name_.empty() && !v->hasUses(); }),
                  values.end());
   }
   dirtyGraphs_.clear();

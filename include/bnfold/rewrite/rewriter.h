@@ -99,7 +99,7 @@ class Rewriter {
   std::vector<std::pair<std::string, std::size_t>> recorded_;
   bool modelUsesExternalData_ = false;
   std::vector<Node*> touched_;
-  std::vector<std::unique_ptr<Node>> erasedNodes_;
+  std::vector<NodePtr> erasedNodes_;
   std::vector<Graph*> dirtyGraphs_;
   std::vector<std::string>* erasedLog_ = nullptr;  // names of erased nodes, while materializeConstant runs
 };
