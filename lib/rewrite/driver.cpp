@@ -93,7 +93,10 @@ void recordSkippedBatchNorms(Model& model, const RuleContext& context,
     for (const auto& nodePtr : graph->nodes()) {
       const Node& node = *nodePtr;
       if (!node.isOnnxOp("BatchNormalization")) continue;
-      nlohmann::json entry = {{"node", node.name()}, {"op", node.opType()}, {"graph", graph->name()}};
+      nlohmann::json entry = nlohmann::json::object();  // key by key: a braced list costs a copy of each value
+      entry["node"] = node.name();
+      entry["op"] = node.opType();
+      entry["graph"] = graph->name();
       auto it = failures.find(&node);
       if (context.isKept(node)) {
         entry["reason"] = reason::kKeptByUser.str();
