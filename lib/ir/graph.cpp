@@ -13,10 +13,6 @@ Node::~Node() = default;
 
 Value::Value(Graph* graph) : graph_(graph) {}
 
-bool Node::isOnnxOp(const char* type) const {
-  return (domain().empty() || domain() == "ai.onnx") && opType() == type;
-}
-
 const onnx::AttributeProto* Node::attribute(const std::string& name) const {
   for (const auto& attr : proto_->attribute())
     if (attr.name() == name) return &attr;

@@ -11,6 +11,7 @@
 #include <memory_resource>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -102,7 +103,10 @@ class Node {
   const std::string& domain() const { return proto_->domain(); }
   const std::string& name() const { return proto_->name(); }
   /// True for the standard ONNX op `opType` (domain "" or "ai.onnx").
-  bool isOnnxOp(const char* opType) const;
+  /// Inline: rules ask this of most nodes they look at, and a size check settles most answers.
+  bool isOnnxOp(std::string_view type) const {
+    return opType() == type && (domain().empty() || domain() == std::string_view("ai.onnx"));
+  }
 
   /// Inputs; null stands for an omitted optional input ("").
   const std::vector<Value*>& inputs() const { return inputs_; }
