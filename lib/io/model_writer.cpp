@@ -291,6 +291,7 @@ class OutputWriter {
       : fd_(fd), path_(std::move(path)), buffer_(std::make_unique<char[]>(kBufferSize)) {}
 
   void append(std::string_view bytes) {
+    if (bytes.empty()) return;  // an omitted input's name: its data() may be null, which memcpy must not get
     if (used_ + bytes.size() > kBufferSize) flush();
     if (bytes.size() >= kBufferSize) {
       writeAll(fd_, bytes.data(), bytes.size(), path_);
