@@ -4,6 +4,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "bnfold/io/model_io.h"
 #include "bnfold/ir/model.h"
 #include "bnfold/ir/value_table.h"
 #include "test_support.h"
@@ -71,4 +72,28 @@ g (bool c, float[2] x) => (float[2] y)
   CHECK(model->uniqueValueName("x") == "x_3");
   CHECK(model->uniqueValueName("x") == "x_4");
   CHECK(model->uniqueValueName("fresh") == "fresh");
+}
+
+// A model whose nodes all have names reserves nothing on load: its names are reserved on the first request for a new
+// one, from the IR. That request must still see every name, nested graphs' included.
+TEST_CASE("unique names are reserved on first request when every node is named", "[ir][value_table]") {
+  onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (bool c, float[2] x) => (float[2] y)
+{
+  y = If (c) <then_branch = t () => (float[2] x_1) { x_1 = Relu (x) },
+              else_branch = e () => (float[2] x_2) { x_2 = Neg (x) }>
+}
+)ONNX");
+  auto& node = *proto.mutable_graph()->mutable_node(0);
+  node.set_name("If_0");
+  for (auto& attr : *node.mutable_attribute()) attr.mutable_g()->mutable_node(0)->set_name(attr.name() + "_node");
+  auto model = modelFromProto(std::move(proto));
+  CHECK(model->graph().nodeList()[0]->name() == "If_0");
+  CHECK(model->uniqueValueName("x") == "x_3");
+  CHECK(model->uniqueValueName("y") == "y_1");
+  CHECK(model->uniqueNodeName("If_0") == "If_0_1");
+  CHECK(model->uniqueNodeName("then_branch_node") == "then_branch_node_1");
+  CHECK(model->uniqueNodeName("fresh") == "fresh");
+  CHECK(model->uniqueNodeName("fresh") == "fresh_1");
 }
