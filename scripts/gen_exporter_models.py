@@ -13,10 +13,10 @@ Writes OUT_DIR/<family>.onnx and OUT_DIR/expected.json: for each model, whether 
 with the default rules ("all") or leaves them by policy ("policy": initializers that are also graph inputs).
 """
 
+import argparse
 import json
 import pathlib
 import random
-import sys
 import zlib
 
 import numpy as np
@@ -244,9 +244,10 @@ MODELS = {
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    out = pathlib.Path(sys.argv[1])
+    # argparse, so that "--help" prints the usage instead of becoming the output directory's name.
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", type=pathlib.Path, help="directory to write the models and expected.json into")
+    out = parser.parse_args().out_dir
     out.mkdir(parents=True, exist_ok=True)
     expected = {}
     for family, (build, expectation) in MODELS.items():
