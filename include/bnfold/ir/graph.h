@@ -17,6 +17,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include "bnfold/ir/inline_vector.h"
 #include "bnfold/ir/tensor.h"
 #include "bnfold/ir/value_table.h"
 
@@ -41,6 +42,12 @@ struct Use {
   bool operator==(const Use& other) const { return node == other.node && slot == other.slot; }
 };
 
+/// Short lists held inline (see InlineVector): most values have one reader, most nodes one output and at most three
+/// inputs (a Conv or Gemm with its bias).
+using UseList = InlineVector<Use, 1>;
+using NodeInputs = InlineVector<Value*, 3>;
+using NodeOutputs = InlineVector<Value*, 1>;
+
 class Value {
  public:
   const std::string& name() const { return name_; }
@@ -50,7 +57,7 @@ class Value {
   Node* producer() const { return producer_; }
   int producerOutputIndex() const { return producerOutput_; }
   /// Every node input reading this value, in any graph (subgraphs read outer values too).
-  const std::vector<Use>& uses() const { return uses_; }
+  const UseList& uses() const { return uses_; }
   bool hasUses() const { return !uses_.empty(); }
 
   bool isGraphInput() const { return graphInput_; }
@@ -80,7 +87,7 @@ class Value {
   Graph* graph_ = nullptr;
   Node* producer_ = nullptr;
   int producerOutput_ = -1;
-  std::vector<Use> uses_;
+  UseList uses_;
   bool graphInput_ = false;
   bool graphOutput_ = false;
   bool sparseInitializer_ = false;
@@ -109,11 +116,11 @@ class Node {
   }
 
   /// Inputs; null stands for an omitted optional input ("").
-  const std::vector<Value*>& inputs() const { return inputs_; }
+  const NodeInputs& inputs() const { return inputs_; }
   /// Input `i`, or null when it is omitted or beyond the list.
   Value* input(std::size_t i) const { return i < inputs_.size() ? inputs_[i] : nullptr; }
   /// Outputs; null stands for an omitted optional output.
-  const std::vector<Value*>& outputs() const { return outputs_; }
+  const NodeOutputs& outputs() const { return outputs_; }
   Value* output(std::size_t i) const { return i < outputs_.size() ? outputs_[i] : nullptr; }
 
   Graph* graph() const { return graph_; }
@@ -144,8 +151,8 @@ class Node {
   Node(Graph* graph, std::unique_ptr<onnx::NodeProto> proto);
 
   std::unique_ptr<onnx::NodeProto> proto_;  // the one parsed from the file (not a copy), or a new one; never null
-  std::vector<Value*> inputs_;
-  std::vector<Value*> outputs_;
+  NodeInputs inputs_;
+  NodeOutputs outputs_;
   std::vector<SubgraphSlot> subgraphs_;
   // TENSOR attributes: attribute index -> tensor (moved out of the proto on load, lent back on save).
   std::vector<std::pair<int, std::unique_ptr<Tensor>>> tensorAttributes_;
