@@ -22,10 +22,25 @@
 namespace bnfold {
 namespace fs = std::filesystem;
 
+// How the reader gets each graph's nodes into a topological order (see topological_order.h).
+enum class StoredOrder {
+  // Check the stored order before building, and sort when it is not topological.
+  kCheck,
+  // Build in the stored order at once: the check is a pass over every name, which most models, stored sorted, do
+  // not need. When a main-graph node reads a name not defined yet, the nodes not built yet are sorted there, and
+  // the build goes on under kCheck. Anything else the order would decide fails the build: a subgraph node reading
+  // a name not defined yet, a subgraph node output shadowing an outer name (whether a reader means the outer or
+  // the inner value depends on the order), and every error; the caller then builds again under kCheck.
+  kTrust,
+};
+
+// Thrown under StoredOrder::kTrust when the stored order cannot be trusted to mean what sorting would.
+struct StoredOrderNotTrusted {};
+
 class ModelReader {
  public:
-  ModelReader(Model& model, std::string file, const LoadOptions& options)
-      : model_(model), file_(std::move(file)), options_(options) {}
+  ModelReader(Model& model, std::string file, const LoadOptions& options, StoredOrder order = StoredOrder::kCheck)
+      : model_(model), file_(std::move(file)), options_(options), order_(order) {}
 
   /// `mainInitializers`: the main graph's initializers when they were parsed apart from `proto`.
   void read(onnx::ModelProto&& proto, const std::string& baseDir,
@@ -144,7 +159,21 @@ class ModelReader {
     std::vector<onnx::NodeProto*> extracted(static_cast<std::size_t>(nodeCount));
     if (nodeCount > 0) proto.mutable_node()->ExtractSubrange(0, nodeCount, extracted.data());
     std::vector<std::unique_ptr<onnx::NodeProto>> nodeProtos(extracted.begin(), extracted.end());  // owned at once
-    for (auto& nodeProto : nodeProtos) buildNode(graph, std::move(nodeProto));
+    for (std::size_t i = 0; i < nodeProtos.size(); ++i) {
+      if (buildNode(graph, nodeProtos[i])) continue;
+      // Node i reads a name not defined yet: sort the nodes not built, as sorting the whole graph would have.
+      // The nodes built so far read only what came before them, so a stable sort keeps them where they are.
+      order_ = StoredOrder::kCheck;
+      std::vector<std::unique_ptr<onnx::NodeProto>> unbuilt(std::make_move_iterator(nodeProtos.begin() + i),
+                                                           std::make_move_iterator(nodeProtos.end()));
+      nodeProtos.resize(i);
+      for (auto& nodeProto : unbuilt) proto.mutable_node()->AddAllocated(nodeProto.release());
+      sortNodes(graph, proto);
+      std::vector<onnx::NodeProto*> sorted(static_cast<std::size_t>(proto.node_size()));
+      proto.mutable_node()->ExtractSubrange(0, proto.node_size(), sorted.data());
+      for (onnx::NodeProto* nodeProto : sorted) nodeProtos.emplace_back(nodeProto);
+      --i;  // build the node now at position i
+    }
 
     for (auto& output : *proto.mutable_output()) {
       Value* value = graph.lookup(output.name());
@@ -168,6 +197,7 @@ class ModelReader {
 
   // Exporters that store nodes out of order are common and ONNX Runtime accepts them: sort before building.
   void sortNodes(Graph& graph, onnx::GraphProto& proto) {
+    if (order_ == StoredOrder::kTrust) return;
     const NodeOrderResult order =
         sortNodesTopologically(proto, [&graph](const std::string& name) { return graph.findLocal(name) != nullptr; });
     if (!order.cycle.empty()) {
@@ -201,7 +231,21 @@ class ModelReader {
     google::protobuf::RepeatedPtrField<std::string>().Swap(&strings);
   }
 
-  void buildNode(Graph& graph, std::unique_ptr<onnx::NodeProto> nodeProto) {
+  // Builds the node, taking its proto; or, in the main graph under StoredOrder::kTrust, returns false when it reads
+  // a name not defined yet, leaving everything (the proto, the model's names) as it was.
+  bool buildNode(Graph& graph, std::unique_ptr<onnx::NodeProto>& nodeProto) {
+    NodeInputs inputs;
+    inputs.reserve(static_cast<std::size_t>(nodeProto->input_size()));
+    int undefinedInput = -1;
+    for (const std::string& name : nodeProto->input()) {
+      Value* value = name.empty() ? nullptr : graph.lookup(name);
+      if (!value && !name.empty()) {
+        undefinedInput = static_cast<int>(inputs.size());
+        if (order_ == StoredOrder::kTrust && !graph.parent()) return false;
+        break;
+      }
+      inputs.push_back(value);
+    }
     NodePtr owned = graph.newNode(std::move(nodeProto));
     Node* node = owned.get();
     onnx::NodeProto& np = *node->proto_;
@@ -209,21 +253,13 @@ class ModelReader {
       np.set_name(model_.uniqueNodeName(np.op_type() + "_" + std::to_string(unnamedCounter_[np.op_type()]++)));
     }
     auto label = [&np] { return "node '" + np.name() + "' (" + np.op_type() + ")"; };  // for errors only
-    node->inputs_.reserve(static_cast<std::size_t>(np.input_size()));
+    if (undefinedInput >= 0)
+      throw Error(file_, label() + " in " + graphLabel(graph) + " reads '" + np.input(undefinedInput) +
+                             "', which no node, initializer or graph input defines");
+    for (std::size_t slot = 0; slot < inputs.size(); ++slot)
+      if (inputs[slot]) inputs[slot]->uses_.push_back({node, static_cast<int>(slot)});
+    node->inputs_ = std::move(inputs);
     node->outputs_.reserve(static_cast<std::size_t>(np.output_size()));
-    for (int i = 0; i < np.input_size(); ++i) {
-      const std::string& name = np.input(i);
-      if (name.empty()) {
-        node->inputs_.push_back(nullptr);
-        continue;
-      }
-      Value* value = graph.lookup(name);
-      if (!value)
-        throw Error(file_, label() + " in " + graphLabel(graph) + " reads '" + name +
-                               "', which no node, initializer or graph input defines");
-      value->uses_.push_back({node, i});
-      node->inputs_.push_back(value);
-    }
     freeStrings(*np.mutable_input());
     // Subgraphs and tensors move out of the attributes; subgraphs see the values defined so far.
     for (int a = 0; a < np.attribute_size(); ++a) {
@@ -255,6 +291,8 @@ class ModelReader {
         node->outputs_.push_back(nullptr);
         continue;
       }
+      if (order_ == StoredOrder::kTrust && graph.parent() && graph.parent()->lookup(name))
+        throw StoredOrderNotTrusted();
       Value* existing = nullptr;
       Value* value = graph.newValue(std::move(*np.mutable_output(i)), &existing);  // the name's bytes move, not copied
       if (existing)
@@ -267,11 +305,13 @@ class ModelReader {
     freeStrings(*np.mutable_output());
     if (!node->subgraphs_.empty()) ++graph.nodesWithSubgraphs_;
     node->position_ = graph.nodes_.insert(graph.nodes_.end(), std::move(owned));
+    return true;
   }
 
   Model& model_;
   std::string file_;
   LoadOptions options_;
+  StoredOrder order_;
   std::unordered_map<std::string, int> unnamedCounter_;
 };
 
@@ -282,25 +322,13 @@ std::unique_ptr<Model> modelFromProto(onnx::ModelProto&& proto, const std::strin
   return model;
 }
 
-std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& options) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw Error(path, "no such file");
-  if (fs::is_directory(path, ec)) throw Error(path, "is a folder, not a model file");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(path, std::string("cannot open: ") + std::strerror(errno));
-  struct stat info {};
-  fstat(fd, &info);
-  // A pipe or device (`bnfold fold /dev/stdin`) is read as a stream; only a regular file can be read lazily.
-  const bool regular = S_ISREG(info.st_mode);
-  if (regular && info.st_size == 0) {
-    ::close(fd);
-    throw Error(path, "the file is empty");
-  }
-  const fs::path modelPath(path);
-  const std::string baseDir = modelPath.has_parent_path() ? modelPath.parent_path().string() : ".";
-  // Large raw_data stays in the file until a rule reads it; the writer copies it file to file.
+namespace {
+
+// Parses the model file open as `fd` from its start. Large raw_data stays in the file until a rule reads it; the
+// writer copies it file to file.
+DeferredModel parseModelFile(int fd, bool regular, const std::string& path, const std::string& baseDir) {
   DeferredModel deferred;
-  bool parsed = regular && parseDeferred(fd, path, baseDir, deferred);
+  bool parsed = regular && ::lseek(fd, 0, SEEK_SET) == 0 && parseDeferred(fd, path, baseDir, deferred);
   if (!parsed && !regular) {
     google::protobuf::io::FileInputStream input(fd, 1 << 20);
     parsed = deferred.proto.ParseFromZeroCopyStream(&input);
@@ -314,17 +342,53 @@ std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& opt
   }
   if (!parsed && regular) {
     const std::optional<int> depth = modelMessageDepth(fd);
-    if (depth && *depth > kMaxMessageDepth) {
-      ::close(fd);
+    if (depth && *depth > kMaxMessageDepth)
       throw Error(path, "nests messages " + std::to_string(*depth) + " levels deep (subgraphs inside subgraphs); " +
                             "protobuf's limit, which bnfold keeps, is " + std::to_string(kMaxMessageDepth));
-    }
   }
-  ::close(fd);
   if (!parsed) throw Error(path, "not a valid ONNX model: the protobuf cannot be parsed (corrupt or truncated file)");
-  auto model = std::make_unique<Model>();
-  ModelReader(*model, path, options).read(std::move(deferred.proto), baseDir, std::move(deferred.mainInitializers));
-  return model;
+  return deferred;
+}
+
+struct FileCloser {
+  int fd;
+  ~FileCloser() { ::close(fd); }
+};
+
+}  // namespace
+
+std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& options) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(path, "no such file");
+  if (fs::is_directory(path, ec)) throw Error(path, "is a folder, not a model file");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path, std::string("cannot open: ") + std::strerror(errno));
+  const FileCloser closer{fd};
+  struct stat info {};
+  fstat(fd, &info);
+  // A pipe or device (`bnfold fold /dev/stdin`) is read as a stream; only a regular file can be read lazily.
+  const bool regular = S_ISREG(info.st_mode);
+  if (regular && info.st_size == 0) throw Error(path, "the file is empty");
+  const fs::path modelPath(path);
+  const std::string baseDir = modelPath.has_parent_path() ? modelPath.parent_path().string() : ".";
+
+  auto build = [&](DeferredModel deferred, StoredOrder order) {
+    auto model = std::make_unique<Model>();
+    ModelReader(*model, path, options, order)
+        .read(std::move(deferred.proto), baseDir, std::move(deferred.mainInitializers));
+    return model;
+  };
+  // A regular file can be parsed again: build in the stored order, and only when that fails (see kTrust) parse
+  // again and build with the order checked, which sorts or reports exactly as it always did. A stream is read
+  // once, so its order is checked first.
+  DeferredModel deferred = parseModelFile(fd, regular, path, baseDir);
+  if (!regular) return build(std::move(deferred), StoredOrder::kCheck);
+  try {
+    return build(std::move(deferred), StoredOrder::kTrust);
+  } catch (const Error&) {
+  } catch (const StoredOrderNotTrusted&) {
+  }
+  return build(parseModelFile(fd, regular, path, baseDir), StoredOrder::kCheck);
 }
 
 }  // namespace bnfold
