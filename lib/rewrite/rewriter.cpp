@@ -1,6 +1,7 @@
 #include "bnfold/rewrite/rewriter.h"
 
 #include <algorithm>
+#include <iterator>
 #include <stdexcept>
 
 #include "bnfold/rewrite/rule.h"
@@ -333,11 +334,17 @@ void Rewriter::finish() {
     inits.erase(std::remove_if(inits.begin(), inits.end(), [](const Value* v) { return v->name_.empty(); }),
                 inits.end());
     auto& values = graph->values_;
-    values.erase(std::remove_if(values.begin(), values.end(),
-                                [](const ValuePtr& v) { return v->name_.empty() && !v->hasUses(); }),
-                 values.end());
+    const auto removed = std::stable_partition(values.begin(), values.end(), [](const ValuePtr& v) {
+      return !v->name_.empty() || v->hasUses();
+    });
+    std::move(removed, values.end(), std::back_inserter(graph->removedValues_));
+    values.erase(removed, values.end());
   }
   dirtyGraphs_.clear();
+  for (NodePtr& node : erasedNodes_) {
+    Graph& graph = *node->graph_;
+    graph.removedNodes_.push_back(std::move(node));
+  }
   erasedNodes_.clear();
 }
 
