@@ -53,7 +53,7 @@ class ModelReader {
     if (options_.nameUnnamedNodes && hasUnnamedNode(*graph)) {
       // The names given to unnamed nodes while the graph is built must not clash with names met later: reserve
       // every name first. Otherwise the model reserves them on its first request for a new name.
-      model_.namesReserved_ = true;
+      model_.nodeNamesReserved_ = model_.valueNamesReserved_ = true;
       model_.nodeNames_.reserve(static_cast<std::size_t>(graph->node_size()));
       model_.valueNames_.reserve(mainInitializers.size() + static_cast<std::size_t>(graph->initializer_size()) +
                                  static_cast<std::size_t>(graph->input_size() + graph->node_size()));

@@ -264,32 +264,36 @@ std::string reserveUnique(NameSet& used, const std::string& hint) {
 }
 }  // namespace
 
-void Model::reserveExistingNames() {
-  namesReserved_ = true;
+void Model::reserveExistingNodeNames() {
+  nodeNamesReserved_ = true;
   const std::vector<Graph*> graphs = allGraphs();
-  std::size_t nodeCount = 0, valueCount = 0;
-  for (const Graph* graph : graphs) {
-    nodeCount += graph->nodes_.size();
-    valueCount += graph->values_.size();
-  }
-  nodeNames_.reserve(nodeCount);
-  valueNames_.reserve(valueCount);
-  for (const Graph* graph : graphs) {
+  std::size_t count = 0;
+  for (const Graph* graph : graphs) count += graph->nodes_.size();
+  nodeNames_.reserve(count);
+  for (const Graph* graph : graphs)
     for (const auto& node : graph->nodes_)
       if (!node->name().empty()) nodeNames_.insert(node->name());
-    for (const auto& value : graph->values_) valueNames_.insert(value->name());
-  }
   for (const auto& function : shell_.functions())
     for (const auto& node : function.node()) nodeNames_.insert(node.name());
 }
 
+void Model::reserveExistingValueNames() {
+  valueNamesReserved_ = true;
+  const std::vector<Graph*> graphs = allGraphs();
+  std::size_t count = 0;
+  for (const Graph* graph : graphs) count += graph->values_.size();
+  valueNames_.reserve(count);
+  for (const Graph* graph : graphs)
+    for (const auto& value : graph->values_) valueNames_.insert(value->name());
+}
+
 std::string Model::uniqueNodeName(const std::string& hint) {
-  if (!namesReserved_) reserveExistingNames();
+  if (!nodeNamesReserved_) reserveExistingNodeNames();
   return reserveUnique(nodeNames_, hint);
 }
 
 std::string Model::uniqueValueName(const std::string& hint) {
-  if (!namesReserved_) reserveExistingNames();
+  if (!valueNamesReserved_) reserveExistingValueNames();
   return reserveUnique(valueNames_, hint);
 }
 

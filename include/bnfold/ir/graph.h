@@ -215,7 +215,7 @@ class Graph {
   friend class Rewriter;
   friend class ModelReader;
   friend class ModelWriter;
-  friend class Model;  // reserveExistingNames
+  friend class Model;  // reserveExistingNodeNames, reserveExistingValueNames
 
   /// A new value of this graph under `name`. Should another value of the graph have that name, it is unregistered
   /// and returned in `replaced` (callers that cannot allow it check this instead of looking the name up first).

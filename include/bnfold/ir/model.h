@@ -89,13 +89,16 @@ class Model {
   std::unique_ptr<Graph> graph_;
   std::string path_;
   std::string baseDir_;
-  // Reserves every node and value name the model has, on the first request for a new name: a load that asks for
-  // none (`--rules none`, `check`, `info`) never hashes its names.
-  void reserveExistingNames();
+  // Reserve every node (value) name the model has, on the first request for a new node (value) name: a load that
+  // asks for none (`--rules none`, `check`, `info`) never hashes its names, and a fold, which adds tensors but no
+  // nodes, hashes no node name.
+  void reserveExistingNodeNames();
+  void reserveExistingValueNames();
 
   NameSet nodeNames_;
   NameSet valueNames_;
-  bool namesReserved_ = false;
+  bool nodeNamesReserved_ = false;
+  bool valueNamesReserved_ = false;
   std::unordered_set<std::string> pinnedNames_;
   std::vector<ReorderedGraph> reorderedGraphs_;
 };
