@@ -155,23 +155,17 @@ class ModelReader {
 
     sortNodes(graph, proto);
     // Each node keeps the NodeProto parsed for it, taken out of the graph's list (no copy, no second shell).
-    const int nodeCount = proto.node_size();
-    std::vector<onnx::NodeProto*> extracted(static_cast<std::size_t>(nodeCount));
-    if (nodeCount > 0) proto.mutable_node()->ExtractSubrange(0, nodeCount, extracted.data());
-    std::vector<std::unique_ptr<onnx::NodeProto>> nodeProtos(extracted.begin(), extracted.end());  // owned at once
+    std::vector<std::unique_ptr<onnx::NodeProto>> nodeProtos;
+    takeNodes(proto, nodeProtos);
     for (std::size_t i = 0; i < nodeProtos.size(); ++i) {
       if (buildNode(graph, nodeProtos[i])) continue;
       // Node i reads a name not defined yet: sort the nodes not built, as sorting the whole graph would have.
       // The nodes built so far read only what came before them, so a stable sort keeps them where they are.
       order_ = StoredOrder::kCheck;
-      std::vector<std::unique_ptr<onnx::NodeProto>> unbuilt(std::make_move_iterator(nodeProtos.begin() + i),
-                                                           std::make_move_iterator(nodeProtos.end()));
+      for (std::size_t j = i; j < nodeProtos.size(); ++j) proto.mutable_node()->AddAllocated(nodeProtos[j].release());
       nodeProtos.resize(i);
-      for (auto& nodeProto : unbuilt) proto.mutable_node()->AddAllocated(nodeProto.release());
       sortNodes(graph, proto);
-      std::vector<onnx::NodeProto*> sorted(static_cast<std::size_t>(proto.node_size()));
-      proto.mutable_node()->ExtractSubrange(0, proto.node_size(), sorted.data());
-      for (onnx::NodeProto* nodeProto : sorted) nodeProtos.emplace_back(nodeProto);
+      takeNodes(proto, nodeProtos);
       --i;  // build the node now at position i
     }
 
@@ -224,6 +218,14 @@ class ModelReader {
     for (const auto& output : node.output())
       if (!output.empty()) return "<unnamed, writes " + output + ">";
     return "<unnamed>";
+  }
+
+  // Moves `graph`'s nodes, in order, to the end of `nodes`, leaving its node list empty.
+  static void takeNodes(onnx::GraphProto& graph, std::vector<std::unique_ptr<onnx::NodeProto>>& nodes) {
+    std::vector<onnx::NodeProto*> taken(static_cast<std::size_t>(graph.node_size()));
+    if (!taken.empty()) graph.mutable_node()->ExtractSubrange(0, graph.node_size(), taken.data());
+    nodes.reserve(nodes.size() + taken.size());
+    for (onnx::NodeProto* node : taken) nodes.emplace_back(node);
   }
 
   // clear() would keep the strings allocated for reuse, for as long as the node lives.
