@@ -316,7 +316,9 @@ class Evaluator {
         continue;
       }
       if (shape[i] < 0) throw EvaluationError(describe(node) + ": negative dim");
-      known *= shape[i];
+      const std::optional<int64_t> product = checkedProduct(known, shape[i]);  // the shape input is untrusted
+      if (!product) throw EvaluationError(describe(node) + ": the shape's element count does not fit in 64 bits");
+      known = *product;
     }
     const int64_t count = elementCount(in);
     if (inferred >= 0) {
