@@ -29,7 +29,10 @@ bool isLengthDelimited(uint32_t tag) {
 class Parser {
  public:
   Parser(CodedInputStream& input, std::shared_ptr<const SourceFile> file, std::string baseDir, int64_t fileSize)
-      : in_(input), file_(std::move(file)), baseDir_(std::move(baseDir)), fileSize_(fileSize) {}
+      : in_(input),
+        file_(std::move(file)),
+        baseDir_(baseDir.empty() ? nullptr : std::make_shared<const std::string>(std::move(baseDir))),
+        fileSize_(fileSize) {}
 
   bool parseModel(DeferredModel& out) {
     std::string shellBytes, graphBytes;
@@ -152,7 +155,7 @@ class Parser {
 
   CodedInputStream& in_;
   std::shared_ptr<const SourceFile> file_;
-  std::string baseDir_;
+  std::shared_ptr<const std::string> baseDir_;  // shared by every tensor
   int64_t fileSize_;
 };
 

@@ -47,6 +47,7 @@ class ModelReader {
             std::vector<std::unique_ptr<Tensor>> mainInitializers = {}) {
     model_.path_ = file_;
     model_.baseDir_ = baseDir;
+    sharedBaseDir_ = baseDir.empty() ? nullptr : std::make_shared<const std::string>(baseDir);
     model_.shell_.Swap(&proto);
     if (!model_.shell_.has_graph()) throw Error(file_, "not an ONNX model: it has no graph");
     std::unique_ptr<onnx::GraphProto> graph(model_.shell_.release_graph());
@@ -126,7 +127,7 @@ class ModelReader {
     std::vector<onnx::TensorProto*> inits(static_cast<std::size_t>(initCount));
     if (initCount > 0) proto.mutable_initializer()->ExtractSubrange(0, initCount, inits.data());
     for (onnx::TensorProto* raw : inits)
-      tensors.push_back(std::make_unique<Tensor>(std::unique_ptr<onnx::TensorProto>(raw), model_.baseDir_));
+      tensors.push_back(std::make_unique<Tensor>(std::unique_ptr<onnx::TensorProto>(raw), sharedBaseDir_));
     for (auto& tensor : tensors) {
       if (tensor->name().empty()) throw Error(file_, graphLabel(graph) + " has an initializer without a name");
       tensor->validate(file_);
@@ -282,7 +283,7 @@ class ModelReader {
         }
       }
       if (attr.has_t()) {
-        auto tensor = std::make_unique<Tensor>(std::unique_ptr<onnx::TensorProto>(attr.release_t()), model_.baseDir_);
+        auto tensor = std::make_unique<Tensor>(std::unique_ptr<onnx::TensorProto>(attr.release_t()), sharedBaseDir_);
         tensor->validate(file_);
         node->tensorAttributes_.emplace_back(a, std::move(tensor));
       }
@@ -312,6 +313,7 @@ class ModelReader {
 
   Model& model_;
   std::string file_;
+  std::shared_ptr<const std::string> sharedBaseDir_;  // Model::baseDir_, shared by every tensor
   LoadOptions options_;
   StoredOrder order_;
   std::unordered_map<std::string, int> unnamedCounter_;

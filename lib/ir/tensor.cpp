@@ -76,9 +76,14 @@ SourceFile::~SourceFile() {
 }
 
 Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir)
+    : proto_(std::move(proto)),
+      baseDir_(baseDir.empty() ? nullptr : std::make_shared<const std::string>(std::move(baseDir))) {}
+
+Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::shared_ptr<const std::string> baseDir)
     : proto_(std::move(proto)), baseDir_(std::move(baseDir)) {}
 
-Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir, FileRange rawData)
+Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::shared_ptr<const std::string> baseDir,
+               FileRange rawData)
     : proto_(std::move(proto)),
       baseDir_(std::move(baseDir)),
       deferred_(std::make_shared<FileBytes>(std::move(rawData))) {}
@@ -138,7 +143,7 @@ std::string readAll(const DeferredBytes& bytes) {
 void Tensor::materialize() {
   if (!deferred_) return;
   std::string bytes;
-  if (packedBytesReady_) bytes.swap(packedBytes_);
+  if (packedBytes_) bytes.swap(*packedBytes_);
   else bytes = readAll(*deferred_);
   proto_->set_raw_data(std::move(bytes));
   deferred_.reset();
@@ -149,7 +154,7 @@ std::shared_ptr<const DeferredBytes> Tensor::byteSource() const {
   if (deferred_) return deferred_;
   if (isExternal()) {
     const ExternalDataRef ref = externalData();
-    const fs::path path = fs::path(baseDir_.empty() ? "." : baseDir_) / ref.location;
+    const fs::path path = fs::path(baseDir().empty() ? "." : baseDir()) / ref.location;
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw Error(path.string(), "cannot open external data of tensor '" + name() + "'");
     auto file = std::make_shared<const SourceFile>(fd, path.string());
@@ -268,8 +273,8 @@ void Tensor::validate(const std::string& file) const {
       if (part == "..")
         throw Error(file, what() + " has external data path '" + ref.location + "' that leaves the model's folder");
     std::error_code ec;
-    const fs::path folder = fs::weakly_canonical(fs::path(baseDir_.empty() ? "." : baseDir_), ec);
-    const fs::path dataPath = fs::path(baseDir_.empty() ? "." : baseDir_) / location;
+    const fs::path folder = fs::weakly_canonical(fs::path(baseDir().empty() ? "." : baseDir()), ec);
+    const fs::path dataPath = fs::path(baseDir().empty() ? "." : baseDir()) / location;
     if (!fs::exists(dataPath, ec))
       throw Error(file, what() + " has external data file '" + ref.location + "' that does not exist");
     const fs::path resolved = fs::canonical(dataPath, ec);
@@ -334,38 +339,41 @@ std::string_view Tensor::bytes() const {
       default: break;
     }
   }
-  if (packedBytesReady_) return packedBytes_;
+  if (packedBytes_) return *packedBytes_;
   const int64_t count = elementCount();
   const std::size_t size = elementSize(type);
+  std::string packed;
   if (deferred_) {
-    packedBytes_ = readAll(*deferred_);
+    packed = readAll(*deferred_);
   } else if (isExternal()) {
     const ExternalDataRef ref = externalData();
-    const fs::path path = fs::path(baseDir_.empty() ? "." : baseDir_) / ref.location;
+    const fs::path path = fs::path(baseDir().empty() ? "." : baseDir()) / ref.location;
     std::ifstream in(path, std::ios::binary);
     if (!in) throw Error(path.string(), "cannot open external data of tensor '" + name() + "'");
-    packedBytes_.resize(static_cast<std::size_t>(count) * size);
+    packed.resize(static_cast<std::size_t>(count) * size);
     in.seekg(ref.offset);
-    in.read(packedBytes_.data(), static_cast<std::streamsize>(packedBytes_.size()));
-    if (in.gcount() != static_cast<std::streamsize>(packedBytes_.size()))
+    in.read(packed.data(), static_cast<std::streamsize>(packed.size()));
+    if (in.gcount() != static_cast<std::streamsize>(packed.size()))
       throw Error(path.string(), "external data of tensor '" + name() + "' is shorter than its dims need");
   } else {
     // Narrow types kept one per int32 (int8/16, uint8/16, bool, float16/bfloat16 bit patterns), uint32 in
     // uint64_data: pack them.
-    packedBytes_.resize(static_cast<std::size_t>(count) * size);
+    packed.resize(static_cast<std::size_t>(count) * size);
     for (int64_t i = 0; i < count; ++i) {
       uint64_t bits = type == DataType::UInt32 ? proto_->uint64_data(static_cast<int>(i))
                                                : static_cast<uint64_t>(proto_->int32_data(static_cast<int>(i)));
-      std::memcpy(packedBytes_.data() + i * size, &bits, size);  // little-endian host
+      std::memcpy(packed.data() + i * size, &bits, size);  // little-endian host
     }
   }
-  packedBytesReady_ = true;
-  return packedBytes_;
+  packedBytes_ = std::make_unique<std::string>(std::move(packed));
+  return *packedBytes_;
 }
 
-void Tensor::releaseCachedBytes() const {
-  std::string().swap(packedBytes_);
-  packedBytesReady_ = false;
+void Tensor::releaseCachedBytes() const { packedBytes_.reset(); }
+
+const std::string& Tensor::baseDir() const {
+  static const std::string none;
+  return baseDir_ ? *baseDir_ : none;
 }
 
 namespace {

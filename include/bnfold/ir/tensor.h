@@ -138,9 +138,11 @@ class Tensor {
  public:
   /// Takes ownership of a loaded TensorProto. `baseDir` is the folder external data paths are relative to.
   explicit Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir = {});
+  /// The same with a folder shared by the tensors of one model (a loader makes one for all of them).
+  Tensor(std::unique_ptr<onnx::TensorProto> proto, std::shared_ptr<const std::string> baseDir);
   /// A tensor whose raw_data was left in the model file: `proto` has every field but raw_data, and `rawData`
   /// says where those bytes are. They are read (and cached) only when someone asks for them.
-  Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir, FileRange rawData);
+  Tensor(std::unique_ptr<onnx::TensorProto> proto, std::shared_ptr<const std::string> baseDir, FileRange rawData);
   /// A tensor whose bytes come from `bytes` when someone needs them (`proto` has every field but the data).
   Tensor(std::unique_ptr<onnx::TensorProto> proto, std::shared_ptr<const DeferredBytes> bytes);
 
@@ -169,7 +171,7 @@ class Tensor {
   void setPreferExternal(bool prefer) { preferExternal_ = prefer; }
   /// The external-data reference (only meaningful when isExternal()).
   ExternalDataRef externalData() const;
-  const std::string& baseDir() const { return baseDir_; }
+  const std::string& baseDir() const;
 
   /// Checks that the stored data agrees with dims and type (byte count, external file bounds and path).
   /// Throws bnfold::Error with `file` and a description naming the tensor.
@@ -208,12 +210,13 @@ class Tensor {
   std::shared_ptr<const DeferredBytes> byteSource() const;
 
  private:
+  // A model has tens of thousands of small tensors: the folder is shared, not copied into each (null: none), and
+  // the packed-bytes cache is allocated only when used.
   std::unique_ptr<onnx::TensorProto> proto_;
-  std::string baseDir_;
+  std::shared_ptr<const std::string> baseDir_;
   std::shared_ptr<const DeferredBytes> deferred_;
   bool preferExternal_ = false;
-  mutable std::string packedBytes_;  // only for typed fields or external data
-  mutable bool packedBytesReady_ = false;
+  mutable std::unique_ptr<std::string> packedBytes_;  // only for typed fields, external or deferred data
 };
 
 /// A typed read-only view over a tensor's packed bytes. Reads go through memcpy: raw_data has no alignment
