@@ -126,6 +126,7 @@ class MemoryBytes final : public DeferredBytes {
       throw std::out_of_range("MemoryBytes::read: bytes outside the range");
     std::memcpy(out, bytes_.data() + offset, static_cast<std::size_t>(length));
   }
+  std::optional<std::string_view> inMemory() const override { return std::string_view(bytes_); }
 
  private:
   std::string bytes_;
@@ -159,6 +160,14 @@ std::shared_ptr<const DeferredBytes> Tensor::byteSource() const {
     if (fd < 0) throw Error(path.string(), "cannot open external data of tensor '" + name() + "'");
     auto file = std::make_shared<const SourceFile>(fd, path.string());
     return std::make_shared<FileBytes>(FileRange{std::move(file), ref.offset, byteSize()});
+  }
+  if (proto_->has_raw_data() && proto_->raw_data().size() > kCopiedSourceBytes) {
+    // Hand the bytes over instead of copying them: the folded weight that reads them usually replaces this tensor,
+    // whose bytes would otherwise be held twice. The buffer moves with the string, so views of it stay valid.
+    auto shared = std::make_shared<MemoryBytes>(std::move(*proto_->mutable_raw_data()));
+    proto_->clear_raw_data();
+    deferred_ = shared;
+    return shared;
   }
   return std::make_shared<MemoryBytes>(std::string(bytes()));
 }
@@ -340,6 +349,8 @@ std::string_view Tensor::bytes() const {
     }
   }
   if (packedBytes_) return *packedBytes_;
+  if (deferred_)
+    if (const std::optional<std::string_view> held = deferred_->inMemory()) return *held;
   const int64_t count = elementCount();
   const std::size_t size = elementSize(type);
   std::string packed;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "bnfold/error.h"
 #include "bnfold/ir/tensor.h"
@@ -117,4 +118,59 @@ TEST_CASE("integer tensors convert to int64 and double", "[tensor]") {
   CHECK(tensor.toDoubles() == std::vector<double>{-3.0, 7.0});
   Tensor shape = Tensor::fromInt64s("s", {3}, {1, -1, 4});
   CHECK(shape.view<int64_t>()[1] == -1);
+}
+
+TEST_CASE("byteSource hands larger raw_data over instead of copying it", "[tensor]") {
+  std::vector<float> values(64);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * static_cast<float>(i) - 3.0f;
+  Tensor tensor(protoWithRaw(DataType::Float, {64}, values.data(), values.size() * sizeof(float)));
+  const std::string_view before = tensor.bytes();
+  REQUIRE(tensor.deferredRawData() == nullptr);
+
+  const auto source = tensor.byteSource();
+  REQUIRE(source->size() == static_cast<int64_t>(values.size() * sizeof(float)));
+  std::vector<float> read(values.size());
+  source->read(0, source->size(), reinterpret_cast<char*>(read.data()));
+  CHECK(read == values);
+  // One buffer for both: the tensor reads the source, and a view taken before still sees the bytes.
+  CHECK(tensor.deferredRawData() == source.get());
+  CHECK(tensor.bytes().data() == before.data());
+  CHECK(std::memcmp(before.data(), values.data(), before.size()) == 0);
+  CHECK(tensor.toDoubles()[5] == -0.5);
+  CHECK_NOTHROW(tensor.validate("model.onnx"));
+  // Asked again, it shares the same source.
+  CHECK(tensor.byteSource() == source);
+  // Put back into the proto, the bytes are the same and the source stays readable.
+  tensor.materialize();
+  CHECK(tensor.deferredRawData() == nullptr);
+  CHECK(tensor.proto().raw_data() == std::string(reinterpret_cast<const char*>(values.data()), before.size()));
+  source->read(0, source->size(), reinterpret_cast<char*>(read.data()));
+  CHECK(read == values);
+}
+
+TEST_CASE("byteSource copies short raw_data and typed fields", "[tensor]") {
+  SECTION("raw_data of a few bytes") {
+    const float values[] = {1.0f, 2.0f};
+    Tensor tensor(protoWithRaw(DataType::Float, {2}, values, sizeof(values)));
+    const std::string_view before = tensor.bytes();
+    const auto source = tensor.byteSource();
+    CHECK(tensor.deferredRawData() == nullptr);
+    CHECK(tensor.bytes().data() == before.data());
+    float read[2];
+    source->read(0, sizeof(read), reinterpret_cast<char*>(read));
+    CHECK(read[1] == 2.0f);
+  }
+  SECTION("float_data") {
+    auto proto = std::make_unique<onnx::TensorProto>();
+    proto->set_data_type(static_cast<int>(DataType::Float));
+    proto->add_dims(32);
+    for (int i = 0; i < 32; ++i) proto->add_float_data(static_cast<float>(i));
+    Tensor tensor(std::move(proto));
+    const auto source = tensor.byteSource();
+    CHECK(tensor.deferredRawData() == nullptr);
+    CHECK(tensor.proto().float_data_size() == 32);
+    float last = 0;
+    source->read(31 * 4, 4, reinterpret_cast<char*>(&last));
+    CHECK(last == 31.0f);
+  }
 }

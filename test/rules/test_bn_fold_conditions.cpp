@@ -439,6 +439,31 @@ TEST_CASE("bn-fold: a shared weight is never edited, and the other reader keeps 
   CHECK(report.section("folds")[0]["weight_after"] == "w_folded");
 }
 
+TEST_CASE("bn-fold: a shared weight of more than 64 bytes, whose bytes the folded copy reads, is written intact",
+          "[bn-fold]") {
+  // Tensor::byteSource moves such bytes into a source shared with the folded weight instead of copying them: the
+  // other reader's weight is then written from that source.
+  std::string weight = "float[4,5,1,1] w = {";
+  for (int i = 0; i < 20; ++i) weight += (i ? ", " : "") + std::to_string(0.25 * i - 2.0);
+  weight += "}";
+  auto model = parseModel(header() + R"(g (float[1,5,3,3] x) => (float[1,4,3,3] y, float[1,4,3,3] z)
+<)" + weight + R"(, float[4] s = {1.5, -0.5, 2, 0.25}, float[4] b = {0.25, -1, 0, 3}, float[4] m = {0.125, -0.375, 1, 0},
+float[4] v = {0.5, 2, 1, 0.25}>
+{
+  c = Conv (x, w)
+  y = BatchNormalization (c, s, b, m, v)
+  z = Conv (x, w)
+}
+)");
+  const std::vector<double> before = initializerValues(*model, "w");
+  const Report report = foldAndCompare(*model);
+  REQUIRE(report.section("folds").size() == 1);
+  CHECK(model->graph().findLocal("z")->producer()->input(1)->name() == "w");
+  CHECK(initializerValues(*model, "w") == before);
+  const auto reloaded = modelFromProto(modelToProto(*model));
+  CHECK(initializerValues(*reloaded, "w") == before);
+}
+
 TEST_CASE("bn-fold: BN params shared between BNs (and another reader)", "[bn-fold]") {
   auto model = parseModel(header() + R"(g (float[1,2,3,3] x) => (float[1,2,3,3] y1, float[1,2,3,3] y2, float[2] z)
 <)" + kWeight + R"(, float[2,2,1,1] w2 = {1, 0.5, -0.25, 2}, )" + kParams + R"(>

@@ -4,6 +4,7 @@
 /// and reads its bytes in place; bytes are only copied when they are not stored packed (typed repeated
 /// fields that do not match the element layout) or live in an external data file.
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -114,6 +115,8 @@ class DeferredBytes {
   virtual void read(int64_t offset, int64_t length, char* out) const = 0;
   /// Where the bytes lie unchanged in a file, if they do (the writer then copies file to file).
   virtual const FileRange* fileRange() const { return nullptr; }
+  /// All the bytes, when they are held in memory already (readers then need no copy).
+  virtual std::optional<std::string_view> inMemory() const { return std::nullopt; }
 };
 
 /// DeferredBytes that are a byte range of a file.
@@ -206,7 +209,9 @@ class Tensor {
   /// Reads deferred bytes into the proto's raw_data, so the proto alone is complete.
   void materialize();
   /// The packed bytes as a source that stays readable after this tensor changes or is gone: shares deferred
-  /// bytes, opens external data, copies bytes held in the proto. Numeric types only.
+  /// bytes, opens external data, copies bytes held in the proto's typed fields. Larger raw_data moves into the
+  /// source, which this tensor then reads too (deferredRawData() is no longer null); views of the bytes stay valid.
+  /// Numeric types only.
   std::shared_ptr<const DeferredBytes> byteSource() const;
 
  private:
@@ -214,8 +219,12 @@ class Tensor {
   // the packed-bytes cache is allocated only when used.
   std::unique_ptr<onnx::TensorProto> proto_;
   std::shared_ptr<const std::string> baseDir_;
-  std::shared_ptr<const DeferredBytes> deferred_;
+  // Shared by byteSource(): a change of representation, not of value.
+  mutable std::shared_ptr<const DeferredBytes> deferred_;
   bool preferExternal_ = false;
+  // raw_data up to this size is copied by byteSource(), not moved: a short string keeps its bytes inside itself,
+  // so a move would leave earlier views of them dangling.
+  static constexpr std::size_t kCopiedSourceBytes = 64;
   mutable std::unique_ptr<std::string> packedBytes_;  // only for typed fields, external or deferred data
 };
 
