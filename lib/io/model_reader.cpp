@@ -269,8 +269,8 @@ class ModelReader {
       onnx::AttributeProto& attr = *np.mutable_attribute(a);
       if (attr.has_g()) {
         std::unique_ptr<onnx::GraphProto> body(attr.release_g());
-        node->subgraphs_.push_back({a, -1, std::make_unique<Graph>(&model_, &graph, node)});
-        buildGraph(*node->subgraphs_.back().graph, *body);
+        node->extras().subgraphs.push_back({a, -1, std::make_unique<Graph>(&model_, &graph, node)});
+        buildGraph(*node->subgraphs().back().graph, *body);
       }
       const int graphCount = attr.graphs_size();
       if (graphCount > 0) {
@@ -278,14 +278,14 @@ class ModelReader {
         attr.mutable_graphs()->ExtractSubrange(0, graphCount, bodies.data());
         for (int j = 0; j < graphCount; ++j) {
           std::unique_ptr<onnx::GraphProto> body(bodies[static_cast<std::size_t>(j)]);
-          node->subgraphs_.push_back({a, j, std::make_unique<Graph>(&model_, &graph, node)});
-          buildGraph(*node->subgraphs_.back().graph, *body);
+          node->extras().subgraphs.push_back({a, j, std::make_unique<Graph>(&model_, &graph, node)});
+          buildGraph(*node->subgraphs().back().graph, *body);
         }
       }
       if (attr.has_t()) {
         auto tensor = std::make_unique<Tensor>(std::unique_ptr<onnx::TensorProto>(attr.release_t()), sharedBaseDir_);
         tensor->validate(file_);
-        node->tensorAttributes_.emplace_back(a, std::move(tensor));
+        node->extras().tensorAttributes.emplace_back(a, std::move(tensor));
       }
     }
     for (int i = 0; i < np.output_size(); ++i) {
@@ -306,7 +306,7 @@ class ModelReader {
       node->outputs_.push_back(value);
     }
     freeStrings(*np.mutable_output());
-    if (!node->subgraphs_.empty()) ++graph.nodesWithSubgraphs_;
+    if (!node->subgraphs().empty()) ++graph.nodesWithSubgraphs_;
     node->position_ = graph.nodes_.insert(graph.nodes_.end(), std::move(owned));
     return true;
   }

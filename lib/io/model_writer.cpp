@@ -97,15 +97,15 @@ class ModelWriter {
 
   static void collectTensors(Graph& graph, std::vector<Tensor*>& out) {
     for (auto& node : graph.nodes_) {
-      for (auto& slot : node->subgraphs_) collectTensors(*slot.graph, out);
-      for (auto& entry : node->tensorAttributes_) out.push_back(entry.second.get());
+      for (auto& slot : node->subgraphs()) collectTensors(*slot.graph, out);
+      for (auto& entry : node->tensorAttributes()) out.push_back(entry.second.get());
     }
     for (Value* value : graph.initializers_) out.push_back(value->initializer_.get());
   }
 
   // Lends a node's tensor attributes to `np` (the node's own shell, or a copy of it) until takeBack().
   void lendTensorAttributes(Node& node, onnx::NodeProto& np) {
-    for (auto& [index, tensor] : node.tensorAttributes_) {
+    for (auto& [index, tensor] : node.tensorAttributes()) {
       onnx::AttributeProto* attr = np.mutable_attribute(index);
       onnx::TensorProto* lentProto = tensor->lendProto().release();
       attr->set_allocated_t(lentProto);
@@ -122,7 +122,7 @@ class ModelWriter {
       streamedNodes_.reserve(graph.nodes_.size());
       for (auto& nodePtr : graph.nodes_) {
         Node& node = *nodePtr;
-        if (node.subgraphs_.empty()) {
+        if (node.subgraphs().empty()) {
           lendTensorAttributes(node, *node.proto_);
           streamedNodes_.push_back({&node, nullptr});
         } else {
@@ -142,7 +142,7 @@ class ModelWriter {
     np = *node.proto_;
     for (Value* input : node.inputs_) np.add_input(input ? input->name() : std::string());
     for (Value* output : node.outputs_) np.add_output(output ? output->name() : std::string());
-    for (auto& slot : node.subgraphs_) {
+    for (auto& slot : node.subgraphs()) {
       onnx::AttributeProto* attr = np.mutable_attribute(slot.attributeIndex);
       onnx::GraphProto* body = slot.graphIndex < 0 ? attr->mutable_g() : attr->add_graphs();
       fillGraph(*slot.graph, *body);

@@ -11,6 +11,21 @@ Node::Node(Graph* graph, std::unique_ptr<onnx::NodeProto> proto)
     : proto_(proto ? std::move(proto) : std::make_unique<onnx::NodeProto>()), graph_(graph) {}
 Node::~Node() = default;
 
+const std::vector<SubgraphSlot>& Node::subgraphs() const {
+  static const std::vector<SubgraphSlot> none;
+  return extras_ ? extras_->subgraphs : none;
+}
+
+const Node::TensorAttributes& Node::tensorAttributes() const {
+  static const TensorAttributes none;
+  return extras_ ? extras_->tensorAttributes : none;
+}
+
+Node::Extras& Node::extras() const {
+  if (!extras_) extras_ = std::make_unique<Extras>();
+  return *extras_;
+}
+
 Value::Value(Graph* graph) : graph_(graph) {}
 
 const onnx::AttributeProto* Node::attribute(const std::string& name) const {
@@ -41,7 +56,7 @@ std::string Node::attributeString(const std::string& name, const std::string& fa
 }
 
 const Tensor* Node::attributeTensor(const std::string& name) const {
-  for (const auto& [index, tensor] : tensorAttributes_)
+  for (const auto& [index, tensor] : tensorAttributes())
     if (proto_->attribute(index).name() == name) return tensor.get();
   return nullptr;
 }
@@ -71,8 +86,9 @@ const Tensor* Value::constantTensor() const {
   if (initializer_) return initializer_.get();
   if (!producer_ || !producer_->isOnnxOp("Constant") || producer_->isErased()) return nullptr;
   if (const Tensor* tensor = producer_->attributeTensor("value")) return tensor;
-  if (!producer_->derivedConstant_) producer_->derivedConstant_ = tensorFromConstantAttribute(*producer_);
-  return producer_->derivedConstant_.get();
+  std::unique_ptr<Tensor>& derived = producer_->extras().derivedConstant;
+  if (!derived) derived = tensorFromConstantAttribute(*producer_);
+  return derived.get();
 }
 
 const onnx::TypeProto* Value::declaredType() const {
@@ -137,7 +153,7 @@ std::vector<Graph*> Graph::nestedGraphs() const {
   std::vector<Graph*> out;
   if (nodesWithSubgraphs_ == 0) return out;
   for (const auto& node : nodes_) {
-    for (const auto& slot : node->subgraphs_) {
+    for (const auto& slot : node->subgraphs()) {
       out.push_back(slot.graph.get());
       auto inner = slot.graph->nestedGraphs();
       out.insert(out.end(), inner.begin(), inner.end());
@@ -192,7 +208,7 @@ void Graph::verify() const {
         fail(*this, "output '" + output->name() + "' of node '" + node->name() + "' names another producer");
       if (!defined.insert(output).second) fail(*this, "value '" + output->name() + "' is defined twice");
     }
-    for (const auto& slot : node->subgraphs_) {
+    for (const auto& slot : node->subgraphs()) {
       if (slot.graph->owner_ != node || slot.graph->parent_ != this)
         fail(*this, "subgraph of node '" + node->name() + "' does not point back at it");
       slot.graph->verify();

@@ -102,20 +102,23 @@ void Rewriter::removeAttribute(const Node* constNode, const std::string& name) {
   auto* attrs = node->proto_->mutable_attribute();
   for (int i = 0; i < attrs->size(); ++i) {
     if (attrs->Get(i).name() != name) continue;
-    for (const auto& slot : node->subgraphs_)
+    for (const auto& slot : node->subgraphs())
       if (slot.attributeIndex == i) throw std::logic_error("removeAttribute: '" + name + "' holds a subgraph");
     willChange(node);
     attrs->erase(attrs->begin() + i);
     // Later attributes moved down by one.
-    for (auto& slot : node->subgraphs_)
-      if (slot.attributeIndex > i) --slot.attributeIndex;
-    for (auto it = node->tensorAttributes_.begin(); it != node->tensorAttributes_.end();) {
-      if (it->first == i) {
-        it = node->tensorAttributes_.erase(it);
-        continue;
+    if (Node::Extras* extras = node->extras_.get()) {
+      for (auto& slot : extras->subgraphs)
+        if (slot.attributeIndex > i) --slot.attributeIndex;
+      auto& tensors = extras->tensorAttributes;
+      for (auto it = tensors.begin(); it != tensors.end();) {
+        if (it->first == i) {
+          it = tensors.erase(it);
+          continue;
+        }
+        if (it->first > i) --it->first;
+        ++it;
       }
-      if (it->first > i) --it->first;
-      ++it;
     }
     touch(node);
     return;
@@ -201,7 +204,7 @@ void Rewriter::eraseNode(const Node* constNode) {
     if (input) touch(input->producer_);
   auto owned = std::move(*node->position_);
   graph.nodes_.erase(node->position_);
-  if (!node->subgraphs_.empty()) --graph.nodesWithSubgraphs_;
+  if (!node->subgraphs().empty()) --graph.nodesWithSubgraphs_;
   for (Value* output : node->outputs_)
     if (output) retireValue(output);
   for (std::size_t slot = 0; slot < node->inputs_.size(); ++slot) {

@@ -137,7 +137,7 @@ class Node {
   const Tensor* attributeTensor(const std::string& name) const;
 
   /// Subgraphs held by this node's attributes, in attribute order.
-  const std::vector<SubgraphSlot>& subgraphs() const { return subgraphs_; }
+  const std::vector<SubgraphSlot>& subgraphs() const;
 
   /// The NodeProto without inputs, outputs and graph/tensor payloads.
   const onnx::NodeProto& proto() const { return *proto_; }
@@ -150,16 +150,25 @@ class Node {
 
   Node(Graph* graph, std::unique_ptr<onnx::NodeProto> proto);
 
+  // What few nodes have, kept apart so that every other node is smaller (a graph may have 100,000 nodes).
+  struct Extras {
+    std::vector<SubgraphSlot> subgraphs;
+    // TENSOR attributes: attribute index -> tensor (moved out of the proto on load, lent back on save).
+    std::vector<std::pair<int, std::unique_ptr<Tensor>>> tensorAttributes;
+    std::unique_ptr<Tensor> derivedConstant;  // Constant with value_float/value_ints/...
+  };
+  using TensorAttributes = decltype(Extras::tensorAttributes);
+  const TensorAttributes& tensorAttributes() const;
+  /// This node's extras, made on first use.
+  Extras& extras() const;
+
   std::unique_ptr<onnx::NodeProto> proto_;  // the one parsed from the file (not a copy), or a new one; never null
   NodeInputs inputs_;
   NodeOutputs outputs_;
-  std::vector<SubgraphSlot> subgraphs_;
-  // TENSOR attributes: attribute index -> tensor (moved out of the proto on load, lent back on save).
-  std::vector<std::pair<int, std::unique_ptr<Tensor>>> tensorAttributes_;
   Graph* graph_ = nullptr;
   std::pmr::list<NodePtr>::iterator position_;
   bool erased_ = false;
-  mutable std::unique_ptr<Tensor> derivedConstant_;  // Constant with value_float/value_ints/...
+  mutable std::unique_ptr<Extras> extras_;  // null for most nodes
   friend class Value;
 };
 
