@@ -295,12 +295,19 @@ void Model::reserveExistingNodeNames() {
 
 void Model::reserveExistingValueNames() {
   valueNamesReserved_ = true;
-  const std::vector<Graph*> graphs = allGraphs();
+  // The main graph's names stay in its own table (uniqueValueName looks there): only subgraphs' names are copied.
+  const std::vector<Graph*> nested = graph_->nestedGraphs();
   std::size_t count = 0;
-  for (const Graph* graph : graphs) count += graph->values_.size();
+  for (const Graph* graph : nested) count += graph->values_.size();
   valueNames_.reserve(count);
-  for (const Graph* graph : graphs)
+  for (const Graph* graph : nested)
     for (const auto& value : graph->values_) valueNames_.insert(value->name());
+}
+
+void Model::keepValueNameReserved(const Graph& graph, std::string_view name) {
+  // A name leaving the main graph's table would be free to hand out again: keep it, as any other name the model
+  // had once names were first asked for.
+  if (valueNamesReserved_ && graph.parent() == nullptr && !name.empty()) valueNames_.insert(name);
 }
 
 std::string Model::uniqueNodeName(const std::string& hint) {
@@ -310,7 +317,12 @@ std::string Model::uniqueNodeName(const std::string& hint) {
 
 std::string Model::uniqueValueName(const std::string& hint) {
   if (!valueNamesReserved_) reserveExistingValueNames();
-  return reserveUnique(valueNames_, hint);
+  const auto taken = [this](const std::string& name) { return graph_->findLocal(name) || !valueNames_.insert(name); };
+  if (!taken(hint)) return hint;
+  for (std::size_t n = 1;; ++n) {
+    std::string candidate = hint + "_" + std::to_string(n);
+    if (!taken(candidate)) return candidate;
+  }
 }
 
 std::vector<Graph*> Model::allGraphs() {

@@ -155,6 +155,7 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
   // `to` takes `from`'s name; graph outputs and value_info follow the value.
   const std::string oldName = to->name_;
   graph.valuesByName_.erase(oldName);
+  model_.keepValueNameReserved(graph, oldName);
   // `to`'s own value_info described its old name; `from`'s entry now describes `to`.
   if (to->valueInfoIndex_ >= 0) graph.valueInfo_[static_cast<std::size_t>(to->valueInfoIndex_)].removed = true;
   to->valueInfoIndex_ = from->valueInfoIndex_;
@@ -281,7 +282,10 @@ void Rewriter::materializeConstant(const Value* constValue, std::unique_ptr<Tens
 
 void Rewriter::retireValue(Value* value) {
   Graph& graph = *value->graph_;
-  if (graph.valuesByName_.find(value->name_) == value) graph.valuesByName_.erase(value->name_);
+  if (graph.valuesByName_.find(value->name_) == value) {
+    graph.valuesByName_.erase(value->name_);
+    model_.keepValueNameReserved(graph, value->name_);
+  }
   if (value->valueInfoIndex_ >= 0) {
     graph.valueInfo_[static_cast<std::size_t>(value->valueInfoIndex_)].removed = true;
     value->valueInfoIndex_ = -1;

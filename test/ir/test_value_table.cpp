@@ -7,6 +7,8 @@
 #include "bnfold/io/model_io.h"
 #include "bnfold/ir/model.h"
 #include "bnfold/ir/value_table.h"
+#include "bnfold/report/report.h"
+#include "bnfold/rewrite/rewriter.h"
 #include "test_support.h"
 
 using namespace bnfold;
@@ -96,4 +98,40 @@ g (bool c, float[2] x) => (float[2] y)
   CHECK(model->uniqueNodeName("then_branch_node") == "then_branch_node_1");
   CHECK(model->uniqueNodeName("fresh") == "fresh");
   CHECK(model->uniqueNodeName("fresh") == "fresh_1");
+}
+
+// The main graph's names are looked up in its own table, not copied into the model's name set: a name the main graph
+// loses after names were first handed out must still never be handed out again. Every node is named, so that names
+// are reserved on the first request, not on load.
+TEST_CASE("unique names skip names the main graph dropped after names were first handed out", "[ir][value_table]") {
+  onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (float[2] x) => (float[2] y)
+<float[2] w = {1, 2}>
+{
+  c = Mul (x, w)
+  d = Relu (c)
+  y = Neg (d)
+}
+)ONNX");
+  for (auto& node : *proto.mutable_graph()->mutable_node()) node.set_name("node_" + node.output(0));
+  auto model = modelFromProto(std::move(proto));
+  Graph& graph = model->graph();
+  Report report;
+  Rewriter rewriter(*model, report);
+  CHECK(model->uniqueValueName("x") == "x_1");
+  // `d` takes over from `y` (its own name goes), then Mul reads a new weight instead of `w` (which goes too).
+  rewriter.replaceValueKeepingName(graph.findLocal("y"), graph.findLocal("d"));
+  Value* w2 = rewriter.addInitializer(graph, Tensor::fromDoubles("", DataType::Float, {2}, {3, 4}), "w");
+  CHECK(w2->name() == "w_1");
+  rewriter.setInput(graph.findLocal("c")->producer(), 1, w2);
+  rewriter.finish();
+  graph.verify();
+  REQUIRE(graph.findLocal("d") == nullptr);
+  REQUIRE(graph.findLocal("w") == nullptr);
+  CHECK(model->uniqueValueName("d") == "d_1");
+  CHECK(model->uniqueValueName("w") == "w_2");
+  CHECK(model->uniqueValueName("x_1") == "x_1_1");
+  CHECK(model->uniqueValueName("c") == "c_1");
+  CHECK(model->uniqueValueName("y") == "y_1");
 }

@@ -67,6 +67,9 @@ class Model {
   std::string uniqueNodeName(const std::string& hint);
   /// A value (tensor) name not used anywhere in the model yet (and reserved from now on).
   std::string uniqueValueName(const std::string& hint);
+  /// Called when a value of `graph` loses `name` (removed or renamed): the name is not handed out again once names
+  /// have been handed out.
+  void keepValueNameReserved(const Graph& graph, std::string_view name);
   /// Initializer names read from outside the graphs (training_info): they must never be removed.
   bool isPinned(const std::string& valueName) const { return pinnedNames_.count(valueName) != 0; }
 
@@ -91,7 +94,8 @@ class Model {
   std::string baseDir_;
   // Reserve every node (value) name the model has, on the first request for a new node (value) name: a load that
   // asks for none (`--rules none`, `check`, `info`) never hashes its names, and a fold, which adds tensors but no
-  // nodes, hashes no node name.
+  // nodes, hashes no node name. Value names of the main graph are looked up in its ValueTable instead: valueNames_
+  // has subgraphs' names, names handed out, and main-graph names dropped since.
   void reserveExistingNodeNames();
   void reserveExistingValueNames();
 
