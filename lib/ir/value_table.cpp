@@ -1,66 +1,81 @@
 #include "bnfold/ir/value_table.h"
 
+#include <algorithm>
+
 #include "bnfold/ir/graph.h"
 
 namespace bnfold {
 
-std::size_t ValueTable::probe(std::string_view name, std::size_t hash) const {
-  const std::size_t mask = slots_.size() - 1;
-  for (std::size_t i = hash & mask;; i = (i + 1) & mask) {
-    const Slot& slot = slots_[i];
-    if (!slot.value || (slot.hash == hash && slot.value->name() == name)) return i;
+namespace {
+// At most 3 of 5 slots used: short probe runs for linear probing, and 1.67 slots (20 bytes) per value.
+constexpr std::size_t kLoadNumerator = 3;
+constexpr std::size_t kLoadDenominator = 5;
+constexpr std::size_t kMinCapacity = 16;
+
+std::size_t capacityFor(std::size_t count) {
+  return std::max(kMinCapacity, (count * kLoadDenominator + kLoadNumerator - 1) / kLoadNumerator);
+}
+}  // namespace
+
+std::size_t ValueTable::probe(std::string_view name, uint32_t tag) const {
+  for (std::size_t i = home(tag);; i = next(i)) {
+    if (tags_[i] == 0 || (tags_[i] == tag && values_[i]->name() == name)) return i;
   }
 }
 
 Value* ValueTable::find(std::string_view name) const {
   if (size_ == 0) return nullptr;
-  return slots_[probe(name, hashOf(name))].value;
+  const std::size_t slot = probe(name, tagOf(name));
+  return tags_[slot] ? values_[slot] : nullptr;
 }
 
 Value* ValueTable::insert(Value* value) {
-  if (2 * (size_ + 1) > slots_.size()) rehash(slots_.empty() ? 16 : 2 * slots_.size());
-  const std::size_t hash = hashOf(value->name());
-  Slot& slot = slots_[probe(value->name(), hash)];
-  Value* replaced = slot.value;
+  if (capacityFor(size_ + 1) > tags_.size()) rehash(std::max(2 * size_, size_ + 1));
+  const uint32_t tag = tagOf(value->name());
+  const std::size_t slot = probe(value->name(), tag);
+  Value* replaced = tags_[slot] ? values_[slot] : nullptr;
   if (!replaced) ++size_;
-  slot = {hash, value};
+  tags_[slot] = tag;
+  values_[slot] = value;
   return replaced;
 }
 
 void ValueTable::erase(std::string_view name) {
   if (size_ == 0) return;
-  const std::size_t mask = slots_.size() - 1;
-  std::size_t hole = probe(name, hashOf(name));
-  if (!slots_[hole].value) return;
-  slots_[hole] = {};
+  std::size_t hole = probe(name, tagOf(name));
+  if (!tags_[hole]) return;
+  tags_[hole] = 0;
+  values_[hole] = nullptr;
   --size_;
   // Backward-shift deletion: move later entries of the probe run into the hole when their home slot allows it,
   // so that no lookup stops early at the hole (no tombstones).
-  for (std::size_t next = (hole + 1) & mask; slots_[next].value; next = (next + 1) & mask) {
-    const std::size_t home = slots_[next].hash & mask;
-    const bool homeAfterHole = hole <= next ? (hole < home && home <= next) : (hole < home || home <= next);
-    if (homeAfterHole) continue;
-    slots_[hole] = slots_[next];
-    slots_[next] = {};
-    hole = next;
+  for (std::size_t slot = next(hole); tags_[slot]; slot = next(slot)) {
+    const std::size_t start = home(tags_[slot]);
+    const bool startsAfterHole = hole <= slot ? (hole < start && start <= slot) : (hole < start || start <= slot);
+    if (startsAfterHole) continue;
+    tags_[hole] = tags_[slot];
+    values_[hole] = values_[slot];
+    tags_[slot] = 0;
+    values_[slot] = nullptr;
+    hole = slot;
   }
 }
 
 void ValueTable::reserve(std::size_t count) {
-  std::size_t capacity = slots_.empty() ? 16 : slots_.size();
-  while (capacity < 2 * count) capacity *= 2;
-  if (capacity > slots_.size()) rehash(capacity);
+  if (capacityFor(count) > tags_.size()) rehash(count);
 }
 
-void ValueTable::rehash(std::size_t capacity) {
-  std::vector<Slot> old(capacity);
-  old.swap(slots_);
-  const std::size_t mask = capacity - 1;
-  for (const Slot& slot : old) {
-    if (!slot.value) continue;
-    std::size_t i = slot.hash & mask;
-    while (slots_[i].value) i = (i + 1) & mask;
-    slots_[i] = slot;
+void ValueTable::rehash(std::size_t count) {
+  std::vector<uint32_t> oldTags(capacityFor(count), 0);
+  std::vector<Value*> oldValues(oldTags.size(), nullptr);
+  oldTags.swap(tags_);
+  oldValues.swap(values_);
+  for (std::size_t i = 0; i < oldTags.size(); ++i) {
+    if (!oldTags[i]) continue;
+    std::size_t slot = home(oldTags[i]);
+    while (tags_[slot]) slot = next(slot);
+    tags_[slot] = oldTags[i];
+    values_[slot] = oldValues[i];
   }
 }
 
