@@ -206,9 +206,20 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
       if (!node->isErased() && rulesByOp.count(node->opType()) && queued.insert(node).second)
         worklist.push_back(node);
     };
-    if (!rulesByOp.empty())
+    if (!rulesByOp.empty()) {
+      // Sized once for every root there is: grown one root at a time, the sets were rehashed over and over.
+      std::vector<Node*> roots;
+      std::size_t batchNorms = 0;
       for (Graph* graph : model.allGraphs())
-        for (const auto& node : graph->nodes()) enqueue(node.get());
+        for (const auto& node : graph->nodes())
+          if (rulesByOp.count(node->opType())) {
+            roots.push_back(node.get());
+            if (node->isOnnxOp("BatchNormalization")) ++batchNorms;
+          }
+      queued.reserve(roots.size());
+      failures.reserve(batchNorms);
+      for (Node* node : roots) enqueue(node);
+    }
 
     std::size_t rewrites = 0;
     while (!worklist.empty()) {

@@ -166,9 +166,8 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
       if (entry.value == from) entry.value = to;
   to->graphOutput_ = from->graphOutput_;
   from->graphOutput_ = false;
-  graph.valuesByName_.erase(from->name_);
   to->name_ = from->name_;
-  graph.valuesByName_.insert(to);
+  graph.valuesByName_.insert(to);  // replaces `from`
   // `from` stays owned by the graph until finish(); it must not be found by name any more.
   from->name_.clear();
   markDirty(graph);
@@ -282,10 +281,8 @@ void Rewriter::materializeConstant(const Value* constValue, std::unique_ptr<Tens
 
 void Rewriter::retireValue(Value* value) {
   Graph& graph = *value->graph_;
-  if (graph.valuesByName_.find(value->name_) == value) {
-    graph.valuesByName_.erase(value->name_);
-    model_.keepValueNameReserved(graph, value->name_);
-  }
+  graph.valuesByName_.eraseIfRegistered(value);
+  model_.keepValueNameReserved(graph, value->name_);
   if (value->valueInfoIndex_ >= 0) {
     graph.valueInfo_[static_cast<std::size_t>(value->valueInfoIndex_)].removed = true;
     value->valueInfoIndex_ = -1;

@@ -23,9 +23,14 @@ TEST_CASE("ValueTable finds, replaces and erases as a map of names does", "[ir][
   for (int i = 1; i < kValues; ++i)
     text += "  v" + std::to_string(i) + " = Relu (v" + std::to_string(i - 1) + ")\n";
   text += "}\n";
+  // Two models with the same names: a name may be registered to either of two values.
   auto model = parseModel(text);
+  auto twin = parseModel(text);
   std::vector<Value*> values;
-  for (int i = 0; i < kValues; ++i) values.push_back(model->graph().findLocal("v" + std::to_string(i)));
+  for (int i = 0; i < kValues; ++i) {
+    values.push_back(model->graph().findLocal("v" + std::to_string(i)));
+    values.push_back(twin->graph().findLocal("v" + std::to_string(i)));
+  }
   REQUIRE(values.back() != nullptr);
 
   std::mt19937 random(GENERATE(1u, 2u, 3u));
@@ -33,9 +38,14 @@ TEST_CASE("ValueTable finds, replaces and erases as a map of names does", "[ir][
   std::unordered_map<std::string, Value*> expected;
   for (int step = 0; step < 5000; ++step) {
     Value* value = values[random() % values.size()];
-    if (random() % 3 == 0) {
+    const unsigned action = random() % 6;
+    if (action == 0) {
       table.erase(value->name());
       expected.erase(value->name());
+    } else if (action == 1) {
+      table.eraseIfRegistered(value);
+      auto it = expected.find(value->name());
+      if (it != expected.end() && it->second == value) expected.erase(it);
     } else {
       table.insert(value);
       expected[value->name()] = value;
@@ -43,7 +53,7 @@ TEST_CASE("ValueTable finds, replaces and erases as a map of names does", "[ir][
     REQUIRE(table.size() == expected.size());
     if (step % 50 == 0)
       for (Value* probe : values) {
-        auto it = expected.find(probe->name());
+        const auto it = expected.find(probe->name());
         REQUIRE(table.find(probe->name()) == (it == expected.end() ? nullptr : it->second));
       }
   }

@@ -25,6 +25,8 @@ class ValueTable {
   Value* insert(Value* value);
   /// Removes whatever is registered under `name`. Rename a value by erasing it, renaming, inserting it again.
   void erase(std::string_view name);
+  /// Removes `value` if it is what its name is registered to (one probe, where find and erase take two).
+  void eraseIfRegistered(const Value* value);
   /// Room for `count` values without growing.
   void reserve(std::size_t count);
   std::size_t size() const { return size_; }
@@ -40,6 +42,8 @@ class ValueTable {
   std::size_t next(std::size_t slot) const { return slot + 1 == tags_.size() ? 0 : slot + 1; }
   // The slot holding `name`, or the empty slot where it would go.
   std::size_t probe(std::string_view name, uint32_t tag) const;
+  // Empties `slot` and moves later entries of its probe run back.
+  void eraseSlot(std::size_t slot);
   // Rebuilt with room for `count` values at the highest load allowed.
   void rehash(std::size_t count);
 
