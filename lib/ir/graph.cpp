@@ -271,11 +271,13 @@ void NameSet::reserve(std::size_t count) {
 }
 
 namespace {
-std::string reserveUnique(NameSet& used, const std::string& hint) {
-  if (used.insert(hint)) return hint;
+// `hint`, else the first of hint_1, hint_2, ... that `claim` takes (claim reserves a name when it is free).
+template <typename Claim>
+std::string reserveUnique(const std::string& hint, Claim claim) {
+  if (claim(hint)) return hint;
   for (std::size_t n = 1;; ++n) {
     std::string candidate = hint + "_" + std::to_string(n);
-    if (used.insert(candidate)) return candidate;
+    if (claim(candidate)) return candidate;
   }
 }
 }  // namespace
@@ -312,17 +314,14 @@ void Model::keepValueNameReserved(const Graph& graph, std::string_view name) {
 
 std::string Model::uniqueNodeName(const std::string& hint) {
   if (!nodeNamesReserved_) reserveExistingNodeNames();
-  return reserveUnique(nodeNames_, hint);
+  return reserveUnique(hint, [this](const std::string& name) { return nodeNames_.insert(name); });
 }
 
 std::string Model::uniqueValueName(const std::string& hint) {
   if (!valueNamesReserved_) reserveExistingValueNames();
-  const auto taken = [this](const std::string& name) { return graph_->findLocal(name) || !valueNames_.insert(name); };
-  if (!taken(hint)) return hint;
-  for (std::size_t n = 1;; ++n) {
-    std::string candidate = hint + "_" + std::to_string(n);
-    if (!taken(candidate)) return candidate;
-  }
+  return reserveUnique(hint, [this](const std::string& name) {
+    return !graph_->findLocal(name) && valueNames_.insert(name);
+  });
 }
 
 std::vector<Graph*> Model::allGraphs() {
