@@ -218,7 +218,8 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
           }
       queued.reserve(roots.size());
       failures.reserve(batchNorms);
-      for (Node* node : roots) enqueue(node);
+      queued.insert(roots.begin(), roots.end());
+      worklist.assign(roots.begin(), roots.end());
     }
 
     std::size_t rewrites = 0;
