@@ -21,7 +21,7 @@ const Node::TensorAttributes& Node::tensorAttributes() const {
   return extras_ ? extras_->tensorAttributes : none;
 }
 
-Node::Extras& Node::extras() const {
+Node::Extras& Node::extras() {
   if (!extras_) extras_ = std::make_unique<Extras>();
   return *extras_;
 }

@@ -160,7 +160,7 @@ class Node {
   using TensorAttributes = decltype(Extras::tensorAttributes);
   const TensorAttributes& tensorAttributes() const;
   /// This node's extras, made on first use.
-  Extras& extras() const;
+  Extras& extras();
 
   std::unique_ptr<onnx::NodeProto> proto_;  // the one parsed from the file (not a copy), or a new one; never null
   NodeInputs inputs_;
@@ -168,7 +168,7 @@ class Node {
   Graph* graph_ = nullptr;
   std::pmr::list<NodePtr>::iterator position_;
   bool erased_ = false;
-  mutable std::unique_ptr<Extras> extras_;  // null for most nodes
+  std::unique_ptr<Extras> extras_;  // null for most nodes
   friend class Value;
 };
 
