@@ -32,9 +32,7 @@ nlohmann::json describe(Model& model) {
   for (Graph* graph : model.allGraphs()) {
     for (const auto& node : graph->nodes()) {
       ++nodes;
-      const std::string key = node->domain().empty() || node->domain() == "ai.onnx"
-                                  ? node->opType()
-                                  : node->domain() + "::" + node->opType();
+      const std::string key = node->isOnnxDomain() ? node->opType() : node->domain() + "::" + node->opType();
       ++ops[key];
       if (node->isOnnxOp("BatchNormalization")) {
         ++batchNorms;

@@ -56,8 +56,6 @@ bool isQuantizationOp(const std::string& op) {
          op.rfind("QLinear", 0) == 0;
 }
 
-bool isStandardDomain(const Node& node) { return node.domain().empty() || node.domain() == "ai.onnx"; }
-
 bool isIntegerType(DataType type) {
   switch (type) {
     case DataType::Int8: case DataType::Int16: case DataType::Int32: case DataType::Int64:
@@ -233,7 +231,7 @@ std::vector<OpVersions> understoodVersions(const std::string& op) {
 }  // namespace
 
 bool isConstantFoldableOp(const Node& node) {
-  return isStandardDomain(node) && opTable().count(node.opType()) != 0;
+  return node.isOnnxDomain() && opTable().count(node.opType()) != 0;
 }
 
 ConstantEvaluator::ConstantEvaluator(const RuleContext& context) : context_(context) {}
@@ -330,7 +328,7 @@ ResultPtr ConstantEvaluator::evaluateValue(const Value& value, int depth, MatchF
   if (depth >= kMaxDepth)
     return fail(reason::kParamsNotConstant, "'" + value.name() + "' is computed by a chain of more than " +
                                            std::to_string(kMaxDepth) + " ops, which bnfold does not follow");
-  if (isStandardDomain(*producer) && isQuantizationOp(producer->opType()))
+  if (producer->isOnnxDomain() && isQuantizationOp(producer->opType()))
     return fail(reason::kQuantizedWeights, "'" + value.name() + "' is computed by " + describe(*producer) +
                                          ": quantized weights are not folded into");
   if (!isConstantFoldableOp(*producer))

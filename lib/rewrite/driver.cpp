@@ -227,7 +227,7 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
       Node* node = worklist.front();
       worklist.pop_front();
       queued.erase(node);
-      if (node->isErased() || !(node->domain().empty() || node->domain() == "ai.onnx")) continue;
+      if (node->isErased() || !node->isOnnxDomain()) continue;
       auto bucket = rulesByOp.find(node->opType());
       if (bucket == rulesByOp.end() || context.isKept(*node)) continue;
       // Only a BatchNormalization's failures are reported (as "skipped"); other roots' are dropped at once.

@@ -224,7 +224,7 @@ const std::unordered_map<std::string, StepFunction>& stepTable() {
 }  // namespace
 
 bool isLayoutOp(const Node& node) {
-  return (node.domain().empty() || node.domain() == "ai.onnx") && stepTable().count(node.opType()) != 0;
+  return node.isOnnxDomain() && stepTable().count(node.opType()) != 0;
 }
 
 LayoutPath findLayoutPath(const Value& value) {

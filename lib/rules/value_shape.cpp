@@ -181,7 +181,7 @@ const std::unordered_map<std::string, OpShapeRule>& shapeRules() {
 const OpShapeRule* producerRule(const Value& value, int depth) {
   const Node* producer = value.producer();
   if (!producer || depth > kMaxDepth || value.producerOutputIndex() != 0) return nullptr;
-  if (!(producer->domain().empty() || producer->domain() == "ai.onnx")) return nullptr;
+  if (!producer->isOnnxDomain()) return nullptr;
   auto rule = shapeRules().find(producer->opType());
   return rule == shapeRules().end() ? nullptr : &rule->second;
 }

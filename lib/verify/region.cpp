@@ -198,7 +198,7 @@ RegionPair RegionRecorder::finish(const Model& model) {
     if (value->constantTensor()) return true;
     const Node* producer = value->producer();
     if (!producer || depth == 0 || liveSet.count(producer) || notConstant.count(producer) ||
-        !isEvaluableOp(producer->opType()) || !(producer->domain().empty() || producer->domain() == "ai.onnx"))
+        !isEvaluableOp(producer->opType()) || !producer->isOnnxDomain())
       return false;
     if (inBetween.count(producer)) return true;
     for (const Value* input : producer->inputs())

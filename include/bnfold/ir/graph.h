@@ -108,12 +108,12 @@ class Node {
   const std::string& opType() const { return proto_->op_type(); }
   /// The domain as stored ("" or "ai.onnx" for standard ONNX ops).
   const std::string& domain() const { return proto_->domain(); }
+  /// True for the standard ONNX domain ("" or "ai.onnx").
+  bool isOnnxDomain() const { return domain().empty() || domain() == std::string_view("ai.onnx"); }
   const std::string& name() const { return proto_->name(); }
   /// True for the standard ONNX op `opType` (domain "" or "ai.onnx").
   /// Inline: rules ask this of most nodes they look at, and a size check settles most answers.
-  bool isOnnxOp(std::string_view type) const {
-    return opType() == type && (domain().empty() || domain() == std::string_view("ai.onnx"));
-  }
+  bool isOnnxOp(std::string_view type) const { return opType() == type && isOnnxDomain(); }
 
   /// Inputs; null stands for an omitted optional input ("").
   const NodeInputs& inputs() const { return inputs_; }
