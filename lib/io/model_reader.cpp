@@ -131,6 +131,7 @@ class ModelReader {
     for (auto& tensor : tensors) {
       if (tensor->name().empty()) throw Error(file_, graphLabel(graph) + " has an initializer without a name");
       tensor->validate(file_);
+      if (tensor->isExternal()) model_.usesExternalData_ = true;
       Value* defined = nullptr;
       Value* value = graph.newValue(tensor->name(), &defined);
       if (defined) throw Error(file_, graphLabel(graph) + " defines initializer '" + tensor->name() + "' twice");

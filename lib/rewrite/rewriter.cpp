@@ -9,11 +9,7 @@
 
 namespace bnfold {
 
-Rewriter::Rewriter(Model& model, Report& report) : model_(model), report_(report) {
-  for (Graph* graph : model_.allGraphs())
-    for (const Value* value : graph->initializers())
-      if (value->initializer()->isExternal()) modelUsesExternalData_ = true;
-}
+Rewriter::Rewriter(Model& model, Report& report) : model_(model), report_(report) {}
 Rewriter::~Rewriter() { finish(); }
 
 void Rewriter::touch(Node* node) {
@@ -33,7 +29,7 @@ Value* Rewriter::addInitializer(const Graph& constGraph, Tensor tensor, const st
   const std::string name = model_.uniqueValueName(nameHint);
   tensor.setName(name);
   // A model that keeps its weights in external data gets its new weights there too (as onnx does, from 1 KiB).
-  if (modelUsesExternalData_ && tensor.byteSize() >= 1024) tensor.setPreferExternal(true);
+  if (model_.usesExternalData() && tensor.byteSize() >= 1024) tensor.setPreferExternal(true);
   Value* value = graph.newValue(name);
   value->initializer_ = std::make_unique<Tensor>(std::move(tensor));
   graph.initializers_.push_back(value);
@@ -256,7 +252,7 @@ void Rewriter::materializeConstant(const Value* constValue, std::unique_ptr<Tens
   entry["nodes"] = std::move(nodes);
 
   tensor->setName(value->name_);
-  if (modelUsesExternalData_ && tensor->byteSize() >= 1024) tensor->setPreferExternal(true);
+  if (model_.usesExternalData() && tensor->byteSize() >= 1024) tensor->setPreferExternal(true);
   value->initializer_ = std::move(tensor);
   graph.initializers_.push_back(value);
   markDirty(graph);  // finish() lists it among the graph inputs in IR version 3

@@ -70,6 +70,9 @@ class Model {
   /// Called when a value of `graph` loses `name` (removed or renamed): the name is not handed out again once names
   /// have been handed out.
   void keepValueNameReserved(const Graph& graph, std::string_view name);
+  /// Whether an initializer of some graph was stored in external data when the model was loaded. Known from the
+  /// load: asked after it, every initializer's proto would be read again (a cache miss each in a large model).
+  bool usesExternalData() const { return usesExternalData_; }
   /// Initializer names read from outside the graphs (training_info): they must never be removed.
   bool isPinned(const std::string& valueName) const { return pinnedNames_.count(valueName) != 0; }
 
@@ -103,6 +106,7 @@ class Model {
   NameSet valueNames_;
   bool nodeNamesReserved_ = false;
   bool valueNamesReserved_ = false;
+  bool usesExternalData_ = false;
   std::unordered_set<std::string> pinnedNames_;
   std::vector<ReorderedGraph> reorderedGraphs_;
 };

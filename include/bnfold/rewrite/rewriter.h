@@ -97,7 +97,6 @@ class Rewriter {
   const Rule* rule_ = nullptr;
   RewriteListener* listener_ = nullptr;
   std::vector<std::pair<std::string, std::size_t>> recorded_;
-  bool modelUsesExternalData_ = false;
   std::vector<Node*> touched_;
   std::vector<NodePtr> erasedNodes_;
   std::vector<Graph*> dirtyGraphs_;
