@@ -163,6 +163,7 @@ InputDefaultsHint inputDefaultsHint(Model& model, const Report& report) {
   InputDefaultsHint hint;
   for (const auto& entry : report.section("skipped"))
     if (entry.contains("would_fold_with")) ++hint.wouldFold;
+  if (hint.wouldFold == 0) return hint;  // no message: the initializers of a large model need not be read again
   for (Graph* graph : model.allGraphs())
     for (const Value* value : graph->initializers()) {
       ++hint.initializers;

@@ -46,8 +46,8 @@ struct DriverOptions {
 /// would fold if they were constants carry `would_fold_with`.
 struct InputDefaultsHint {
   std::size_t wouldFold = 0;             ///< BatchNormalization nodes marked would_fold_with
-  std::size_t initializers = 0;          ///< initializers in every graph of the model
-  std::size_t initializersAsInputs = 0;  ///< those also listed as graph inputs
+  std::size_t initializers = 0;          ///< initializers in every graph of the model (counted when wouldFold > 0)
+  std::size_t initializersAsInputs = 0;  ///< those also listed as graph inputs (likewise)
   /// One line for users: "3 BatchNormalization would fold with --input-defaults-are-constant: every initializer of
   /// this model is also a graph input"; empty when nothing would fold.
   std::string message() const;
