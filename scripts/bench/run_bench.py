@@ -457,9 +457,24 @@ def bench_scaling(args):
         generate(chain, args.out_dir, None)
         paths[blocks] = chain.path(args.out_dir)
         runs[blocks] = {"default": [], "none": []}
+    # The rules phase alone, with and without the CPU caches emptied before it (apps/tools/rule_phase.cpp): after
+    # loading, the N-block chain is still cached and the 10N-block one is not. Emptied at both sizes, the ratio
+    # shows the growth of the rules' own work apart from that. Beside the target's figure, not instead of it.
+    rule_phase_tool = args.build_dir / "apps/bnfold_rule_phase"
+    cache_modes = {"cached": [], "emptied": ["--empty-caches"]} if rule_phase_tool.exists() else {}
+    for blocks in sizes:
+        runs[blocks].update({f"phase_{mode}": [] for mode in cache_modes})
     # N and 10N take turns, so that both sizes see the same conditions on a machine whose speed drifts.
     for iteration in range(args.warmup + args.scaling_runs):
         for blocks in sizes:
+            for mode, extra in cache_modes.items():
+                run = subprocess.run([rule_phase_tool, paths[blocks]] + extra, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+                match = re.search(r"rules ([0-9.]+) s", run.stdout)
+                if run.returncode != 0 or not match:
+                    fail(f"{rule_phase_tool} {paths[blocks]} failed: {run.stderr.strip()[:300]}")
+                if iteration >= args.warmup:
+                    runs[blocks][f"phase_{mode}"].append(float(match.group(1)))
             for key, extra in (("default", []), ("none", ["--rules", "none"])):
                 clear_folder(scratch)
                 argv = [bnfold, "fold", paths[blocks], "-o", scratch / "model.onnx", "-q"] + extra
@@ -478,6 +493,8 @@ def bench_scaling(args):
         counts, _ = op_counts(path)
         entry = {"blocks": blocks, "nodes": sum(counts.values()), "bytes": path.stat().st_size,
                  "bn_in": counts.get("BatchNormalization", 0), "bn_out": bn_left[blocks]}
+        for mode in cache_modes:
+            entry[f"rule_phase_{mode}"] = statistics.median(runs[blocks].pop(f"phase_{mode}"))
         for key, key_runs in runs[blocks].items():
             entry[f"{key}_wall"] = statistics.median(r.wall for r in key_runs)
             entry[f"{key}_cpu"] = statistics.median(r.cpu for r in key_runs)
@@ -503,6 +520,8 @@ def bench_scaling(args):
     results["ratio_key"] = key
     results["ratio"] = big[key] / small[key] if small[key] > 0 else None
     results["ratio_wall"] = big["rule_wall"] / small["rule_wall"] if small["rule_wall"] > 0 else None
+    for mode in cache_modes:
+        results[f"ratio_caches_{mode}"] = big[f"rule_phase_{mode}"] / small[f"rule_phase_{mode}"]
     counts = small.get("rule_instructions"), big.get("rule_instructions")
     results["ratio_instructions"] = counts[1] / counts[0] if all(counts) else None
     return results
@@ -610,6 +629,13 @@ def print_scaling(scaling):
         print("rule time at N is not above measurement noise: use more blocks (--scaling-blocks)")
     print(f"rule time 10N / N: {'-' if r is None else f'{r:.1f}x'} ({scaling['ratio_key']}; from wall times "
           f"{'-' if rw is None else f'{rw:.1f}x'}); linear would be 10x, target <= 11x")
+    if "ratio_caches_emptied" in scaling:
+        small, big = scaling["sizes"]
+        print("rules phase alone (bnfold_rule_phase), caches as loading left them: "
+              f"{small['rule_phase_cached']:.4f} s -> {big['rule_phase_cached']:.4f} s = "
+              f"{scaling['ratio_caches_cached']:.1f}x; caches emptied first at both sizes: "
+              f"{small['rule_phase_emptied']:.4f} s -> {big['rule_phase_emptied']:.4f} s = "
+              f"{scaling['ratio_caches_emptied']:.1f}x")
     ri = scaling.get("ratio_instructions")
     if ri is not None:
         small, big = scaling["sizes"]
@@ -693,7 +719,7 @@ def check_targets(results, scaling):
 def parse_args():
     parser = argparse.ArgumentParser(description="bnfold benchmark (see scripts/bench/run_bench.sh and BENCHMARKS.md).")
     parser.add_argument("--build-dir", type=pathlib.Path, default=REPO / "build-bench",
-                        help="build folder holding apps/bnfold and apps/bnfold_proto_roundtrip")
+                        help="build folder holding apps/bnfold, apps/bnfold_proto_roundtrip and (optional) apps/bnfold_rule_phase")
     parser.add_argument("--out-dir", type=pathlib.Path, default=REPO / "bench-out",
                         help="generated models and scratch outputs (default: bench-out/, git-ignored)")
     parser.add_argument("--quick", action="store_true",

@@ -12,7 +12,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build_dir="${BNFOLD_BENCH_BUILD_DIR:-$root/build-bench}"
 
 cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-make -C "$build_dir" -j"${BNFOLD_JOBS:-2}" --no-print-directory bnfold_cli bnfold_proto_roundtrip >/dev/null
+make -C "$build_dir" -j"${BNFOLD_JOBS:-2}" --no-print-directory bnfold_cli bnfold_proto_roundtrip bnfold_rule_phase >/dev/null
 
 if [[ " $* " != *" --no-ort "* ]]; then
     BNFOLD_ORT_NODE_MODULES="$("$root/scripts/ort/ensure_ort.sh" | tail -n 1)"
