@@ -227,6 +227,7 @@ g (float[3] x) => (float[3] y)
   auto model = loadModel(dir.file("in/model.onnx"));
   const Tensor* loaded = model->graph().findLocal("w")->initializer();
   REQUIRE(loaded->isExternal());
+  CHECK(model->usesExternalData());  // what the rewriter asks before it places a new weight
   CHECK(loaded->toDoubles() == std::vector<double>{1.5, -2.0, 0.25});
   saveModel(*model, dir.file("out/folded.onnx"));
 
@@ -240,6 +241,38 @@ g (float[3] x) => (float[3] y)
   CHECK_FALSE(reloaded->graph().findLocal("small")->initializer()->isExternal());
   CHECK(readFile(dir.file("in/weights.bin")) == data);
   CHECK(readFile(dir.file("in/model.onnx")) == bytes);
+}
+
+TEST_CASE("a model uses external data when any graph's initializer is stored there, a subgraph's too",
+          "[io][external]") {
+  TempDir dir;
+  onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (bool c, float[3] x) => (float[3] y)
+<float[3] w = {1, 2, 3}>
+{
+  y = If (c) <then_branch = then_g () => (float[3] t) <float[3] v = {4, 5, 6}> { t = Mul (x, v) },
+              else_branch = else_g () => (float[3] e) { e = Mul (x, w) }>
+}
+)ONNX");
+  writeFile(dir.file("inline.onnx"), proto.SerializeAsString());
+  CHECK_FALSE(loadModel(dir.file("inline.onnx"))->usesExternalData());
+
+  // Only the then-branch's v moves to a data file.
+  const float values[] = {4.0f, 5.0f, 6.0f};
+  writeFile(dir.file("v.bin"), std::string(reinterpret_cast<const char*>(values), sizeof(values)));
+  onnx::GraphProto* thenBranch = proto.mutable_graph()->mutable_node(0)->mutable_attribute(0)->mutable_g();
+  REQUIRE(thenBranch->name() == "then_g");
+  onnx::TensorProto* v = thenBranch->mutable_initializer(0);
+  v->clear_float_data();
+  v->set_data_location(onnx::TensorProto::EXTERNAL);
+  auto* location = v->add_external_data();
+  location->set_key("location");
+  location->set_value("v.bin");
+  writeFile(dir.file("external.onnx"), proto.SerializeAsString());
+  auto model = loadModel(dir.file("external.onnx"));
+  CHECK(model->usesExternalData());
+  CHECK_FALSE(model->graph().findLocal("w")->initializer()->isExternal());
 }
 
 TEST_CASE("every sample model round-trips byte for byte", "[io][round-trip]") {
