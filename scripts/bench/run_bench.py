@@ -719,7 +719,8 @@ def check_targets(results, scaling):
 def parse_args():
     parser = argparse.ArgumentParser(description="bnfold benchmark (see scripts/bench/run_bench.sh and BENCHMARKS.md).")
     parser.add_argument("--build-dir", type=pathlib.Path, default=REPO / "build-bench",
-                        help="build folder holding apps/bnfold, apps/bnfold_proto_roundtrip and (optional) apps/bnfold_rule_phase")
+                        help="build folder holding apps/bnfold, apps/bnfold_proto_roundtrip and (optional) "
+                             "apps/bnfold_rule_phase")
     parser.add_argument("--out-dir", type=pathlib.Path, default=REPO / "bench-out",
                         help="generated models and scratch outputs (default: bench-out/, git-ignored)")
     parser.add_argument("--quick", action="store_true",
