@@ -28,13 +28,17 @@ Value* Rewriter::addInitializer(const Graph& constGraph, Tensor tensor, const st
   auto& graph = model_.irVersion() < 4 ? model_.graph() : const_cast<Graph&>(constGraph);
   const std::string name = model_.uniqueValueName(nameHint);
   tensor.setName(name);
-  // A model that keeps its weights in external data gets its new weights there too (as onnx does, from 1 KiB).
-  if (model_.usesExternalData() && tensor.byteSize() >= 1024) tensor.setPreferExternal(true);
   Value* value = graph.newValue(name);
-  value->initializer_ = std::make_unique<Tensor>(std::move(tensor));
+  attachInitializer(graph, value, std::make_unique<Tensor>(std::move(tensor)));
+  return value;
+}
+
+void Rewriter::attachInitializer(Graph& graph, Value* value, std::unique_ptr<Tensor> tensor) {
+  // A model that keeps its weights in external data gets its new weights there too (as onnx does, from 1 KiB).
+  if (model_.usesExternalData() && tensor->byteSize() >= 1024) tensor->setPreferExternal(true);
+  value->initializer_ = std::move(tensor);
   graph.initializers_.push_back(value);
   markDirty(graph);  // finish() lists it among the graph inputs in IR version 3
-  return value;
 }
 
 Node* Rewriter::createNode(const Node* anchor, const std::string& opType, const std::vector<const Value*>& inputs,
@@ -252,10 +256,7 @@ void Rewriter::materializeConstant(const Value* constValue, std::unique_ptr<Tens
   entry["nodes"] = std::move(nodes);
 
   tensor->setName(value->name_);
-  if (model_.usesExternalData() && tensor->byteSize() >= 1024) tensor->setPreferExternal(true);
-  value->initializer_ = std::move(tensor);
-  graph.initializers_.push_back(value);
-  markDirty(graph);  // finish() lists it among the graph inputs in IR version 3
+  attachInitializer(graph, value, std::move(tensor));
   std::vector<std::string> erased;
   erasedLog_ = &erased;
   if (Node* producer = value->producer_) {

@@ -90,6 +90,8 @@ class Rewriter {
   void removeUse(Value* value, Node* node, int slot);
   void dropIfDeadConstant(Value* value);
   void retireValue(Value* value);
+  /// Makes `value` an initializer of `graph` holding `tensor`, kept in external data if the model keeps its own there.
+  void attachInitializer(Graph& graph, Value* value, std::unique_ptr<Tensor> tensor);
   void markDirty(Graph& graph);
 
   Model& model_;
