@@ -84,38 +84,54 @@ bool wouldRewriteWithInputDefaults(const Node& node, const std::vector<Failure>&
   return false;
 }
 
+// Whether `node` is still in the model: not erased, and neither is any node owning a graph around it.
+bool isInModel(const Node& node) {
+  for (const Node* n = &node; n; n = n->graph()->ownerNode())
+    if (n->isErased()) return false;
+  return true;
+}
+
+// One "skipped" entry for each BatchNormalization left in the model, in graph order. `batchNorms`: every
+// BatchNormalization the model had before the rules ran, in that order (nodes never move), when no rewrite made a
+// new one; null to look through every node of every graph instead.
 void recordSkippedBatchNorms(Model& model, const RuleContext& context,
-                             const std::unordered_map<const Node*, std::vector<Failure>>& failures, Report& report) {
+                             const std::unordered_map<const Node*, std::vector<Failure>>& failures,
+                             const std::vector<const Node*>* batchNorms, Report& report) {
   RuleOptions relaxedOptions = context.options();
   relaxedOptions.inputDefaultsAreConstant = true;
   const RuleContext relaxed(model, relaxedOptions);
-  for (Graph* graph : model.allGraphs()) {
-    for (const auto& nodePtr : graph->nodes()) {
-      const Node& node = *nodePtr;
-      if (!node.isOnnxOp("BatchNormalization")) continue;
-      nlohmann::json entry = nlohmann::json::object();  // key by key: a braced list costs a copy of each value
-      entry["node"] = node.name();
-      entry["op"] = node.opType();
-      entry["graph"] = graph->name();
-      auto it = failures.find(&node);
-      if (context.isKept(node)) {
-        entry["reason"] = reason::kKeptByUser.str();
-        entry["message"] = "kept by --keep or --keep-op";
-      } else if (it == failures.end() || it->second.empty()) {
-        entry["reason"] = reason::kNoRuleEnabled.str();
-        entry["message"] = "no enabled rule applies to BatchNormalization";
-      } else {
-        entry["reason"] = it->second.front().failure.code.str();
-        entry["message"] = it->second.front().failure.message;
-        nlohmann::json details = nlohmann::json::array();
-        for (const Failure& f : it->second)
-          details.push_back({{"rule", f.rule->name()}, {"reason", f.failure.code.str()}, {"message", f.failure.message}});
-        entry["details"] = std::move(details);
-        if (!context.options().inputDefaultsAreConstant && wouldRewriteWithInputDefaults(node, it->second, relaxed))
-          entry["would_fold_with"] = "--input-defaults-are-constant";
-      }
-      report.add("skipped", std::move(entry));
+  std::vector<const Node*> found;
+  if (!batchNorms) {
+    for (Graph* graph : model.allGraphs())
+      for (const auto& node : graph->nodes())
+        if (node->isOnnxOp("BatchNormalization")) found.push_back(node.get());
+    batchNorms = &found;
+  }
+  for (const Node* batchNorm : *batchNorms) {
+    const Node& node = *batchNorm;
+    if (!isInModel(node)) continue;
+    nlohmann::json entry = nlohmann::json::object();  // key by key: a braced list costs a copy of each value
+    entry["node"] = node.name();
+    entry["op"] = node.opType();
+    entry["graph"] = node.graph()->name();
+    auto it = failures.find(&node);
+    if (context.isKept(node)) {
+      entry["reason"] = reason::kKeptByUser.str();
+      entry["message"] = "kept by --keep or --keep-op";
+    } else if (it == failures.end() || it->second.empty()) {
+      entry["reason"] = reason::kNoRuleEnabled.str();
+      entry["message"] = "no enabled rule applies to BatchNormalization";
+    } else {
+      entry["reason"] = it->second.front().failure.code.str();
+      entry["message"] = it->second.front().failure.message;
+      nlohmann::json details = nlohmann::json::array();
+      for (const Failure& f : it->second)
+        details.push_back({{"rule", f.rule->name()}, {"reason", f.failure.code.str()}, {"message", f.failure.message}});
+      entry["details"] = std::move(details);
+      if (!context.options().inputDefaultsAreConstant && wouldRewriteWithInputDefaults(node, it->second, relaxed))
+        entry["would_fold_with"] = "--input-defaults-are-constant";
     }
+    report.add("skipped", std::move(entry));
   }
 }
 
@@ -192,8 +208,14 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
     for (const Rule* rule : rules)
       if (!opsetProblems.count(rule))
         opsetProblems[rule] = opsetProblem(rule->opVersions(), opset, "rule " + std::string(rule->name()));
+  // The failures of the BatchNormalizations no rule rewrote, for their "skipped" entries.
   std::unordered_map<const Node*, std::vector<Failure>> failures;
-  std::vector<Failure> scratchFailures;
+  std::vector<Failure> nodeFailures;
+  // Every BatchNormalization before the rules ran, in graph order, so that the "skipped" entries need not look
+  // through every node again; not usable once a rewrite makes a new one.
+  std::vector<const Node*> batchNorms;
+  std::vector<const Node*> batchNormsByAddress;  // sorted copy, made when a rewrite touches a BatchNormalization
+  bool batchNormsComplete = false;
   verify::RegionRecorder recorder;
   verify::Verifier verifier;
   std::size_t verified = 0, verifyFailed = 0;
@@ -208,17 +230,15 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
         worklist.push_back(node);
     };
     if (!rulesByOp.empty()) {
-      // Sized once for every root there is: grown one root at a time, the sets were rehashed over and over.
+      // Sized once for every root there is: grown one root at a time, the set was rehashed over and over.
       std::vector<Node*> roots;
-      std::size_t batchNorms = 0;
       for (Graph* graph : model.allGraphs())
-        for (const auto& node : graph->nodes())
-          if (rulesByOp.count(node->opType())) {
-            roots.push_back(node.get());
-            if (node->isOnnxOp("BatchNormalization")) ++batchNorms;
-          }
+        for (const auto& node : graph->nodes()) {
+          if (node->isOnnxOp("BatchNormalization")) batchNorms.push_back(node.get());
+          if (rulesByOp.count(node->opType())) roots.push_back(node.get());
+        }
+      batchNormsComplete = true;
       queued.reserve(roots.size());
-      failures.reserve(batchNorms);
       queued.insert(roots.begin(), roots.end());
       worklist.assign(roots.begin(), roots.end());
     }
@@ -231,9 +251,8 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
       if (node->isErased() || !node->isOnnxDomain()) continue;
       auto bucket = rulesByOp.find(node->opType());
       if (bucket == rulesByOp.end() || context.isKept(*node)) continue;
-      // Only a BatchNormalization's failures are reported (as "skipped"); other roots' are dropped at once.
-      auto& nodeFailures = node->isOnnxOp("BatchNormalization") ? failures[node] : scratchFailures;
       nodeFailures.clear();
+      bool rewritten = false;
       // Every rule reads input 0 and replaces output 0 of its root (BatchNormalization, Add, Mul, ...); a node
       // with either omitted ("") is malformed, and no rule looks at it.
       const bool operandOmitted = node->inputs().empty() || !node->input(0);
@@ -273,16 +292,29 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
           if (!verdict.value("passed", false)) ++verifyFailed;
           attachVerdict(report, recorded, verdict);
         }
-        nodeFailures.clear();
+        rewritten = true;
         // Look again at what changed and at whatever reads it.
         for (Node* touched : rewriter.takeTouched()) {
           if (touched->isErased()) continue;
+          if (batchNormsComplete && touched->isOnnxOp("BatchNormalization")) {
+            if (batchNormsByAddress.empty()) {
+              batchNormsByAddress = batchNorms;
+              std::sort(batchNormsByAddress.begin(), batchNormsByAddress.end());
+            }
+            batchNormsComplete =
+                std::binary_search(batchNormsByAddress.begin(), batchNormsByAddress.end(), touched);
+          }
           enqueue(touched);
           for (Value* output : touched->outputs())
             if (output)
               for (const Use& use : output->uses()) enqueue(use.node);
         }
         break;
+      }
+      // Only a BatchNormalization's failures are reported (as "skipped"); other roots' are dropped.
+      if (node->isOnnxOp("BatchNormalization")) {
+        if (!rewritten) failures[node] = std::move(nodeFailures);
+        else if (!failures.empty()) failures.erase(node);
       }
     }
     rewriter.setListener(nullptr);
@@ -293,7 +325,7 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
                             {"passed", verified - verifyFailed},
                             {"failed", verifyFailed},
                             {"seed", options.verifySeed}});
-  recordSkippedBatchNorms(model, context, failures, report);
+  recordSkippedBatchNorms(model, context, failures, batchNormsComplete ? &batchNorms : nullptr, report);
 }
 
 }  // namespace bnfold

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <map>
 
+#include "bnfold/rewrite/driver.h"
+#include "bnfold/rewrite/rewriter.h"
 #include "test_bn_fold_support.h"
 
 using namespace bnfold;
@@ -102,6 +104,67 @@ g (float[1,2,3,3] x) => (float[1,2,3,3] y)
   REQUIRE(entry["details"].is_array());
   CHECK(entry["details"][0]["rule"] == "bn-fold");
   CHECK(entry["message"].get<std::string>().find("Relu") != std::string::npos);
+}
+
+// The driver lists the BatchNormalizations once before the rules run and reports the ones left from that list; these
+// pin down that it reports exactly what a look through every graph afterwards would.
+namespace {
+
+const char* kBatchNormsInTwoGraphs = R"(<ir_version: 8, opset_import: ["" : 15]>
+g (float[1,2,3,3] x, bool cond) => (float[1,2,3,3] y, float[1,2,3,3] z)
+<float[2,2,1,1] w = {1, 0.5, -0.25, 2}, float[2] s = {1.5, -0.5}, float[2] b = {0.25, -1}, float[2] m = {0.125, -0.375},
+ float[2] v = {0.5, 2}>
+{
+  r = Relu (x)
+  y = BatchNormalization (r, s, b, m, v)
+  c = Conv (x, w)
+  z = BatchNormalization (c, s, b, m, v)
+  u = If (cond) <
+    then_branch = t () => (float[1,2,3,3] ty) { ty = BatchNormalization (x, s, b, m, v) },
+    else_branch = e () => (float[1,2,3,3] ey) { ey = Identity (x) }>
+}
+)";
+
+std::vector<std::string> skippedGraphs(const Report& report) {
+  std::vector<std::string> graphs;
+  for (const auto& entry : report.section("skipped")) graphs.push_back(entry["graph"].get<std::string>());
+  return graphs;
+}
+
+}  // namespace
+
+TEST_CASE("skipped: each BN left, in graph order, a subgraph's after the main graph's", "[bn-fold][report]") {
+  auto model = parseModel(kBatchNormsInTwoGraphs);
+  const Report report = applyRules(*model, {"bn-fold"});
+  CHECK(report.section("folds").size() == 1);
+  CHECK(skippedGraphs(report) == std::vector<std::string>{"g", "t"});
+  const Node* mainBatchNorm = findNode(model->graph(), "BatchNormalization");
+  REQUIRE(mainBatchNorm);
+  CHECK(report.section("skipped")[0]["node"] == mainBatchNorm->name());
+  CHECK(report.section("skipped")[1]["reason"] == "no-foldable-producer");
+}
+
+TEST_CASE("skipped: a BN in a subgraph whose node a rewrite removed is not reported", "[bn-fold][report]") {
+  auto model = parseModel(kBatchNormsInTwoGraphs);
+  Node* ifNode = nullptr;
+  for (const auto& node : model->graph().nodes())
+    if (node->opType() == "If") ifNode = node.get();
+  REQUIRE(ifNode);
+  // No rule removes an If today: the test hook does, after the fold, so that the subgraph goes with it.
+  bool removed = false;
+  DriverOptions options;
+  options.rules = {"bn-fold"};
+  options.injectFaultForTesting = [&](Rewriter& rewriter, const std::vector<Node*>&) {
+    if (removed) return;
+    rewriter.eraseNode(ifNode);  // its output is read by nothing
+    removed = true;
+  };
+  Report report;
+  runRules(*model, options, report);
+  REQUIRE(removed);
+  CHECK(ifNode->isErased());
+  CHECK(report.section("folds").size() == 1);
+  CHECK(skippedGraphs(report) == std::vector<std::string>{"g"});
 }
 
 TEST_CASE("reports validate against schema/report.schema.json", "[bn-fold][report][schema]") {

@@ -93,6 +93,10 @@ TEST_CASE("train-bn-freeze: opset 15 training BN becomes an inference BN, runnin
   CHECK(entry["form"] == "opset-15 (training_mode)");
   CHECK(entry["outputs"] == nlohmann::json{"y", "running_mean", "running_var"});
   CHECK(report.section("expanded").empty());
+  // The frozen BN is a node the rewrite made: it is reported as left in place, the training one it replaced is not.
+  REQUIRE(report.section("skipped").size() == 1);
+  CHECK(report.section("skipped")[0]["node"] == bn->name());
+  CHECK(report.section("skipped")[0]["reason"] == "not-training-mode");
 
   // Same numbers as an inference-mode BN written by hand, bit for bit.
   const std::string reference =
