@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl.h>
@@ -19,7 +21,9 @@ using google::protobuf::io::StringOutputStream;
 using WireFormat = google::protobuf::internal::WireFormatLite;
 
 constexpr int kModelGraphField = 7;     // ModelProto.graph
+constexpr int kGraphNodeField = 1;         // GraphProto.node
 constexpr int kGraphInitializerField = 5;  // GraphProto.initializer
+constexpr int kNodeInputField = 1;         // NodeProto.input
 constexpr int kTensorRawDataField = 9;  // TensorProto.raw_data
 
 bool isLengthDelimited(uint32_t tag) {
@@ -48,7 +52,8 @@ class Parser {
           uint32_t length;
           if (!in_.ReadVarint32(&length)) return false;
           const auto limit = in_.PushLimit(static_cast<int>(length));
-          if (!parseGraph(graphBytes, out.mainInitializers, length) || !in_.ConsumedEntireMessage()) return false;
+          if (!parseGraph(graphBytes, out.mainInitializers, out.mainNodeInputs, length) || !in_.ConsumedEntireMessage())
+            return false;
           in_.PopLimit(limit);
         } else if (!WireFormat::SkipField(&in_, tag, &shell)) {
           return false;
@@ -63,8 +68,10 @@ class Parser {
 
  private:
   // Copies the graph's fields except its initializers to `graphBytes` (tag, length and bytes as they are: a
-  // graph of 50,000 nodes is megabytes of them), and parses the initializers into Tensors.
-  bool parseGraph(std::string& graphBytes, std::vector<std::unique_ptr<Tensor>>& initializers, uint32_t length) {
+  // graph of 50,000 nodes is megabytes of them), and parses the initializers into Tensors. With `nodeInputs`, the
+  // nodes' input names go there instead of into `graphBytes`.
+  bool parseGraph(std::string& graphBytes, std::vector<std::unique_ptr<Tensor>>& initializers,
+                  std::optional<NodeInputNames>& nodeInputs, uint32_t length) {
     // `length` counts the initializers too, and a corrupt file may claim any length: reserve no more than the file
     // still holds, and at most 256 MiB.
     constexpr int64_t kMaxReserve = 256 << 20;
@@ -91,18 +98,60 @@ class Parser {
         continue;
       }
       if (fieldLength > bytesLeft()) return false;  // truncated or corrupt; checked before allocating for it
-      // Tag and length are written in place: two appends per field were a tenth of this copy's cost.
-      constexpr std::size_t kMaxVarint32 = 5;
-      std::size_t end = graphBytes.size();
-      graphBytes.resize(end + 2 * kMaxVarint32 + fieldLength);
-      auto* out = reinterpret_cast<uint8_t*>(graphBytes.data() + end);
-      out = CodedOutputStream::WriteVarint32ToArray(tag, out);
-      out = CodedOutputStream::WriteVarint32ToArray(fieldLength, out);
-      end = static_cast<std::size_t>(reinterpret_cast<char*>(out) - graphBytes.data());
-      graphBytes.resize(end + fieldLength);
+      if (WireFormat::GetTagFieldNumber(tag) == kGraphNodeField && nodeInputs) {
+        if (!copyNodeWithoutInputs(graphBytes, tag, fieldLength, *nodeInputs)) return false;
+        continue;
+      }
+      const std::size_t end = appendFieldHeader(graphBytes, tag, fieldLength);
       if (!in_.ReadRaw(graphBytes.data() + end, static_cast<int>(fieldLength))) return false;
     }
     return true;
+  }
+
+  // Appends the node of `length` bytes to `graphBytes` without its input fields, whose names go to `nodeInputs`.
+  bool copyNodeWithoutInputs(std::string& graphBytes, uint32_t tag, uint32_t length, NodeInputNames& nodeInputs) {
+    if (length > static_cast<uint32_t>(std::numeric_limits<int>::max())) return false;
+    nodeBytes_.resize(length);
+    if (!in_.ReadRaw(nodeBytes_.data(), static_cast<int>(length))) return false;
+    // The other fields move to the front of nodeBytes_, as they are; `node` reads only what lies past them.
+    CodedInputStream node(reinterpret_cast<const uint8_t*>(nodeBytes_.data()), static_cast<int>(length));
+    std::size_t kept = 0;
+    for (;;) {
+      const auto fieldStart = static_cast<std::size_t>(node.CurrentPosition());
+      const uint32_t field = node.ReadTag();
+      if (field == 0) break;
+      if (WireFormat::GetTagFieldNumber(field) == kNodeInputField && isLengthDelimited(field)) {
+        uint32_t nameLength;
+        if (!node.ReadVarint32(&nameLength)) return false;
+        const auto nameStart = static_cast<std::size_t>(node.CurrentPosition());
+        if (!node.Skip(static_cast<int>(nameLength))) return false;
+        nodeInputs.addName(std::string_view(nodeBytes_).substr(nameStart, nameLength));
+        continue;
+      }
+      if (!WireFormat::SkipField(&node, field)) return false;
+      const auto fieldEnd = static_cast<std::size_t>(node.CurrentPosition());
+      std::memmove(nodeBytes_.data() + kept, nodeBytes_.data() + fieldStart, fieldEnd - fieldStart);
+      kept += fieldEnd - fieldStart;
+    }
+    if (!node.ConsumedEntireMessage()) return false;
+    nodeInputs.endNode();
+    const std::size_t end = appendFieldHeader(graphBytes, tag, static_cast<uint32_t>(kept));
+    std::memcpy(graphBytes.data() + end, nodeBytes_.data(), kept);
+    return true;
+  }
+
+  // Writes the tag and length of a field of `length` bytes at the end of `bytes`, and makes room for the field:
+  // returns where its bytes go. In place: two appends per field were a tenth of the copy's cost.
+  static std::size_t appendFieldHeader(std::string& bytes, uint32_t tag, uint32_t length) {
+    constexpr std::size_t kMaxVarint32 = 5;
+    const std::size_t start = bytes.size();
+    bytes.resize(start + 2 * kMaxVarint32 + length);
+    auto* out = reinterpret_cast<uint8_t*>(bytes.data() + start);
+    out = CodedOutputStream::WriteVarint32ToArray(tag, out);
+    out = CodedOutputStream::WriteVarint32ToArray(length, out);
+    const auto end = static_cast<std::size_t>(reinterpret_cast<char*>(out) - bytes.data());
+    bytes.resize(end + length);
+    return end;
   }
 
   int64_t bytesLeft() const { return std::max<int64_t>(0, fileSize_ - in_.CurrentPosition()); }
@@ -157,11 +206,12 @@ class Parser {
   std::shared_ptr<const SourceFile> file_;
   std::shared_ptr<const std::string> baseDir_;  // shared by every tensor
   int64_t fileSize_;
+  std::string nodeBytes_;  // the node being copied, reused from node to node
 };
 
 }  // namespace
 
-bool parseDeferred(int fd, const std::string& path, const std::string& baseDir, DeferredModel& out) {
+bool parseDeferred(int fd, const std::string& path, const std::string& baseDir, bool inputsApart, DeferredModel& out) {
   struct stat info {};
   if (::fstat(fd, &info) != 0) return false;
   const int ownFd = ::dup(fd);  // the tensors keep the file open for as long as they need it
@@ -170,6 +220,7 @@ bool parseDeferred(int fd, const std::string& path, const std::string& baseDir, 
   google::protobuf::io::FileInputStream stream(fd, 1 << 20);
   CodedInputStream input(&stream);
   Parser parser(input, file, baseDir, static_cast<int64_t>(info.st_size));
+  if (inputsApart) out.mainNodeInputs.emplace();
   return parser.parseModel(out);
 }
 

@@ -42,9 +42,12 @@ class ModelReader {
   ModelReader(Model& model, std::string file, const LoadOptions& options, StoredOrder order = StoredOrder::kCheck)
       : model_(model), file_(std::move(file)), options_(options), order_(order) {}
 
-  /// `mainInitializers`: the main graph's initializers when they were parsed apart from `proto`.
+  /// `mainInitializers`: the main graph's initializers when they were parsed apart from `proto`; `mainNodeInputs`:
+  /// likewise the input names of its nodes, which read only in StoredOrder::kTrust.
   void read(onnx::ModelProto&& proto, const std::string& baseDir,
-            std::vector<std::unique_ptr<Tensor>> mainInitializers = {}) {
+            std::vector<std::unique_ptr<Tensor>> mainInitializers = {},
+            const NodeInputNames* mainNodeInputs = nullptr) {
+    mainNodeInputs_ = mainNodeInputs;
     model_.path_ = file_;
     model_.baseDir_ = baseDir;
     sharedBaseDir_ = baseDir.empty() ? nullptr : std::make_shared<const std::string>(baseDir);
@@ -159,10 +162,21 @@ class ModelReader {
     // Each node keeps the NodeProto parsed for it, taken out of the graph's list (no copy, no second shell).
     std::vector<std::unique_ptr<onnx::NodeProto>> nodeProtos;
     takeNodes(proto, nodeProtos);
+    // Input names the parser kept apart: the main graph's, in the stored order (which kTrust does not sort).
+    const NodeInputNames* inputsApart = graph.parent() ? nullptr : mainNodeInputs_;
+    if (inputsApart && (order_ != StoredOrder::kTrust || inputsApart->nodeCount() != nodeProtos.size()))
+      throw StoredOrderNotTrusted();  // not how the parser and the reader are used together: parse the usual way
     for (std::size_t i = 0; i < nodeProtos.size(); ++i) {
-      if (buildNode(graph, nodeProtos[i])) continue;
+      if (buildNode(graph, nodeProtos[i], inputsApart, i)) continue;
       // Node i reads a name not defined yet: sort the nodes not built, as sorting the whole graph would have.
       // The nodes built so far read only what came before them, so a stable sort keeps them where they are.
+      // Sorting reads the protos' inputs: the ones kept apart go back in first.
+      if (inputsApart) {
+        for (std::size_t j = i; j < nodeProtos.size(); ++j)
+          for (std::size_t slot = 0; slot < inputsApart->inputCount(j); ++slot)
+            nodeProtos[j]->add_input(std::string(inputsApart->input(j, slot)));
+        inputsApart = nullptr;
+      }
       order_ = StoredOrder::kCheck;
       for (std::size_t j = i; j < nodeProtos.size(); ++j) proto.mutable_node()->AddAllocated(nodeProtos[j].release());
       nodeProtos.resize(i);
@@ -236,16 +250,22 @@ class ModelReader {
   }
 
   // Builds the node, taking its proto; or, in the main graph under StoredOrder::kTrust, returns false when it reads
-  // a name not defined yet, leaving everything (the proto, the model's names) as it was.
-  bool buildNode(Graph& graph, std::unique_ptr<onnx::NodeProto>& nodeProto) {
+  // a name not defined yet, leaving everything (the proto, the model's names) as it was. Its input names are in
+  // the proto, or node `index` of `inputsApart`.
+  bool buildNode(Graph& graph, std::unique_ptr<onnx::NodeProto>& nodeProto, const NodeInputNames* inputsApart,
+                 std::size_t index) {
+    const std::size_t inputCount =
+        inputsApart ? inputsApart->inputCount(index) : static_cast<std::size_t>(nodeProto->input_size());
     NodeInputs inputs;
-    inputs.reserve(static_cast<std::size_t>(nodeProto->input_size()));
-    int undefinedInput = -1;
-    for (const std::string& name : nodeProto->input()) {
+    inputs.reserve(inputCount);
+    std::string undefinedInput;  // for the error
+    for (std::size_t slot = 0; slot < inputCount; ++slot) {
+      const std::string_view name =
+          inputsApart ? inputsApart->input(index, slot) : std::string_view(nodeProto->input(static_cast<int>(slot)));
       Value* value = name.empty() ? nullptr : graph.lookup(name);
       if (!value && !name.empty()) {
-        undefinedInput = static_cast<int>(inputs.size());
         if (order_ == StoredOrder::kTrust && !graph.parent()) return false;
+        undefinedInput = name;
         break;
       }
       inputs.push_back(value);
@@ -257,8 +277,8 @@ class ModelReader {
       np.set_name(model_.uniqueNodeName(np.op_type() + "_" + std::to_string(unnamedCounter_[np.op_type()]++)));
     }
     auto label = [&np] { return "node '" + np.name() + "' (" + np.op_type() + ")"; };  // for errors only
-    if (undefinedInput >= 0)
-      throw Error(file_, label() + " in " + graphLabel(graph) + " reads '" + np.input(undefinedInput) +
+    if (!undefinedInput.empty())
+      throw Error(file_, label() + " in " + graphLabel(graph) + " reads '" + undefinedInput +
                              "', which no node, initializer or graph input defines");
     for (std::size_t slot = 0; slot < inputs.size(); ++slot)
       if (inputs[slot]) inputs[slot]->uses_.push_back({node, static_cast<int>(slot)});
@@ -317,6 +337,7 @@ class ModelReader {
   std::shared_ptr<const std::string> sharedBaseDir_;  // Model::baseDir_, shared by every tensor
   LoadOptions options_;
   StoredOrder order_;
+  const NodeInputNames* mainNodeInputs_ = nullptr;
   std::unordered_map<std::string, int> unnamedCounter_;
 };
 
@@ -331,9 +352,11 @@ namespace {
 
 // Parses the model file open as `fd` from its start. Large raw_data stays in the file until a rule reads it; the
 // writer copies it file to file.
-DeferredModel parseModelFile(int fd, bool regular, const std::string& path, const std::string& baseDir) {
+// `inputsApart`: the main graph's node inputs kept apart (see NodeInputNames), when the deferred parser reads it.
+DeferredModel parseModelFile(int fd, bool regular, const std::string& path, const std::string& baseDir,
+                             bool inputsApart) {
   DeferredModel deferred;
-  bool parsed = regular && ::lseek(fd, 0, SEEK_SET) == 0 && parseDeferred(fd, path, baseDir, deferred);
+  bool parsed = regular && ::lseek(fd, 0, SEEK_SET) == 0 && parseDeferred(fd, path, baseDir, inputsApart, deferred);
   if (!parsed && !regular) {
     google::protobuf::io::FileInputStream input(fd, 1 << 20);
     parsed = deferred.proto.ParseFromZeroCopyStream(&input);
@@ -380,20 +403,22 @@ std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& opt
   auto build = [&](DeferredModel deferred, StoredOrder order) {
     auto model = std::make_unique<Model>();
     ModelReader(*model, path, options, order)
-        .read(std::move(deferred.proto), baseDir, std::move(deferred.mainInitializers));
+        .read(std::move(deferred.proto), baseDir, std::move(deferred.mainInitializers),
+              deferred.mainNodeInputs ? &*deferred.mainNodeInputs : nullptr);
     return model;
   };
   // A regular file can be parsed again: build in the stored order, and only when that fails (see kTrust) parse
   // again and build with the order checked, which sorts or reports exactly as it always did. A stream is read
   // once, so its order is checked first.
-  DeferredModel deferred = parseModelFile(fd, regular, path, baseDir);
+  // The first build, in the stored order, takes the main graph's node inputs apart from their protos.
+  DeferredModel deferred = parseModelFile(fd, regular, path, baseDir, regular);
   if (!regular) return build(std::move(deferred), StoredOrder::kCheck);
   try {
     return build(std::move(deferred), StoredOrder::kTrust);
   } catch (const Error&) {
   } catch (const StoredOrderNotTrusted&) {
   }
-  return build(parseModelFile(fd, regular, path, baseDir), StoredOrder::kCheck);
+  return build(parseModelFile(fd, regular, path, baseDir, false), StoredOrder::kCheck);
 }
 
 }  // namespace bnfold

@@ -125,11 +125,11 @@ std::vector<Node*> Graph::nodeList() const {
   return list;
 }
 
-Value* Graph::findLocal(const std::string& name) const {
+Value* Graph::findLocal(std::string_view name) const {
   return valuesByName_.find(name);
 }
 
-Value* Graph::lookup(const std::string& name) const {
+Value* Graph::lookup(std::string_view name) const {
   for (const Graph* graph = this; graph; graph = graph->parent_)
     if (Value* value = graph->findLocal(name)) return value;
   return nullptr;

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <functional>
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/util/message_differencer.h>
 
 #include "bnfold/io/model_io.h"
@@ -124,6 +126,13 @@ Square (X) => (Y) { Y = Mul (X, X) }
   return model;
 }
 
+// Loads without naming unnamed nodes, the one change loading makes by default.
+std::unique_ptr<Model> loadKeepingNames(const std::string& path) {
+  LoadOptions keepNames;
+  keepNames.nameUnnamedNodes = false;
+  return loadModel(path, keepNames);
+}
+
 }  // namespace
 
 TEST_CASE("a model using every part of the format round-trips byte for byte", "[io][round-trip]") {
@@ -133,9 +142,7 @@ TEST_CASE("a model using every part of the format round-trips byte for byte", "[
   TempDir dir;
   writeFile(dir.file("in.onnx"), originalBytes);
 
-  LoadOptions keepNames;
-  keepNames.nameUnnamedNodes = false;
-  auto model = loadModel(dir.file("in.onnx"), keepNames);
+  auto model = loadKeepingNames(dir.file("in.onnx"));
   model->graph().verify();
   saveModel(*model, dir.file("out.onnx"));
   const std::string savedBytes = readFile(dir.file("out.onnx"));
@@ -280,9 +287,7 @@ TEST_CASE("every sample model round-trips byte for byte", "[io][round-trip]") {
   for (const auto& entry : std::filesystem::directory_iterator(bnfold::test::sourceDir() + "/models")) {
     if (entry.path().extension() != ".onnx") continue;
     INFO(entry.path().string());
-    LoadOptions options;
-    options.nameUnnamedNodes = false;
-    auto model = loadModel(entry.path().string(), options);
+    auto model = loadKeepingNames(entry.path().string());
     saveModel(*model, dir.file("out.onnx"));
     CHECK(readFile(dir.file("out.onnx")) == readFile(entry.path().string()));
   }
@@ -309,9 +314,7 @@ g (float[4096] x) => (float[4096] y)
   proto.SerializeToString(&bytes);
   writeFile(dir.file("in.onnx"), bytes);
 
-  LoadOptions keepNames;
-  keepNames.nameUnnamedNodes = false;
-  auto model = loadModel(dir.file("in.onnx"), keepNames);
+  auto model = loadKeepingNames(dir.file("in.onnx"));
   const Tensor* loaded = model->graph().findLocal("big")->initializer();
   REQUIRE(loaded->deferredRawData() != nullptr);
   CHECK(loaded->deferredRawData()->size() == 4096 * 4);
@@ -324,4 +327,101 @@ g (float[4096] x) => (float[4096] y)
   onnx::ModelProto copy = modelToProto(*model);
   CHECK(copy.graph().initializer(0).raw_data() == big->raw_data());
   CHECK(google::protobuf::util::MessageDifferencer::Equals(copy, proto));
+}
+
+namespace {
+
+// Tag and length of a length-delimited field, then its bytes.
+std::string lengthDelimited(int field, const std::string& bytes) {
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.WriteTag(static_cast<uint32_t>(field << 3 | 2));
+    coded.WriteVarint32(static_cast<uint32_t>(bytes.size()));
+    coded.WriteString(bytes);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("main-graph node inputs are read apart from their nodes: in order, wherever they lie, omitted ones too",
+          "[io][deferred]") {
+  onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[4] x, float[1] lo) => (float[4] y)
+<float[1] hi = {2}>
+{
+  a = Relu (x)
+  y = Clip (a, lo, hi)
+}
+)ONNX");
+  onnx::NodeProto& clip = *proto.mutable_graph()->mutable_node(1);
+  clip.set_input(1, "");  // min omitted
+  clip.GetReflection()->MutableUnknownFields(&clip)->AddVarint(999, 7);  // survives as it is
+  // The file written by hand: each node's inputs after its other fields, which protobuf reads as the same message.
+  onnx::GraphProto graphWithoutNodes = proto.graph();
+  graphWithoutNodes.clear_node();
+  std::string graphBytes = graphWithoutNodes.SerializeAsString();
+  for (const onnx::NodeProto& node : proto.graph().node()) {
+    onnx::NodeProto withoutInputs = node;
+    withoutInputs.clear_input();
+    std::string nodeBytes = withoutInputs.SerializeAsString();
+    for (const std::string& input : node.input()) nodeBytes += lengthDelimited(1, input);
+    graphBytes += lengthDelimited(1, nodeBytes);
+  }
+  onnx::ModelProto modelWithoutGraph = proto;
+  modelWithoutGraph.clear_graph();
+  const std::string fileBytes = modelWithoutGraph.SerializeAsString() + lengthDelimited(7, graphBytes);
+  onnx::ModelProto fromFileBytes;
+  REQUIRE(fromFileBytes.ParseFromString(fileBytes));
+  REQUIRE(google::protobuf::util::MessageDifferencer::Equals(fromFileBytes, proto));
+
+  TempDir dir;
+  writeFile(dir.file("in.onnx"), fileBytes);
+  auto model = loadKeepingNames(dir.file("in.onnx"));
+  model->graph().verify();
+  const Node& loadedClip = *model->graph().findLocal("y")->producer();
+  REQUIRE(loadedClip.inputs().size() == 3);
+  CHECK(loadedClip.input(0)->name() == "a");
+  CHECK(loadedClip.input(1) == nullptr);
+  CHECK(loadedClip.input(2)->name() == "hi");
+  CHECK(model->graph().findLocal("a")->uses().size() == 1);
+  CHECK(loadedClip.proto().input_size() == 0);  // the IR holds them
+  saveModel(*model, dir.file("out.onnx"));
+  onnx::ModelProto saved;
+  REQUIRE(saved.ParseFromString(readFile(dir.file("out.onnx"))));
+  std::string difference;
+  google::protobuf::util::MessageDifferencer differencer;
+  differencer.ReportDifferencesToString(&difference);
+  INFO(difference);
+  CHECK(differencer.Compare(proto, saved));
+}
+
+TEST_CASE("main-graph node inputs read apart go back to the nodes when the stored order needs sorting",
+          "[io][deferred][unsorted]") {
+  onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[4] x) => (float[4] y)
+{
+  a = Relu (x)
+  b = Neg (a)
+  y = Add (b, a)
+}
+)ONNX");
+  // Stored as a, y, b: the second node reads a name not defined yet, once the first is built.
+  proto.mutable_graph()->mutable_node()->SwapElements(1, 2);
+  REQUIRE(proto.graph().node(1).output(0) == "y");
+  TempDir dir;
+  writeFile(dir.file("in.onnx"), proto.SerializeAsString());
+  auto model = loadKeepingNames(dir.file("in.onnx"));
+  model->graph().verify();
+  std::vector<std::string> order;
+  for (const auto& node : model->graph().nodes()) order.push_back(node->output(0)->name());
+  CHECK(order == std::vector<std::string>{"a", "b", "y"});
+  const Node& add = *model->graph().findLocal("y")->producer();
+  REQUIRE(add.inputs().size() == 2);
+  CHECK(add.input(0)->name() == "b");
+  CHECK(add.input(1)->name() == "a");
 }

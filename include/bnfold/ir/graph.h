@@ -205,9 +205,9 @@ class Graph {
   const std::vector<Value*>& initializers() const { return initializers_; }
 
   /// The value with that name defined in this graph (not its parents), or null.
-  Value* findLocal(const std::string& name) const;
+  Value* findLocal(std::string_view name) const;
   /// The value visible under that name here: this graph, then enclosing graphs.
-  Value* lookup(const std::string& name) const;
+  Value* lookup(std::string_view name) const;
 
   /// Every graph nested in this one's nodes, depth-first (not including this graph).
   std::vector<Graph*> nestedGraphs() const;
