@@ -24,6 +24,7 @@ constexpr int kModelGraphField = 7;     // ModelProto.graph
 constexpr int kGraphNodeField = 1;         // GraphProto.node
 constexpr int kGraphInitializerField = 5;  // GraphProto.initializer
 constexpr int kNodeInputField = 1;         // NodeProto.input
+constexpr int kNodeOutputField = 2;        // NodeProto.output
 constexpr int kTensorRawDataField = 9;  // TensorProto.raw_data
 
 bool isLengthDelimited(uint32_t tag) {
@@ -52,7 +53,7 @@ class Parser {
           uint32_t length;
           if (!in_.ReadVarint32(&length)) return false;
           const auto limit = in_.PushLimit(static_cast<int>(length));
-          if (!parseGraph(graphBytes, out.mainInitializers, out.mainNodeInputs, length) || !in_.ConsumedEntireMessage())
+          if (!parseGraph(graphBytes, out.mainInitializers, out.mainNodeNames, length) || !in_.ConsumedEntireMessage())
             return false;
           in_.PopLimit(limit);
         } else if (!WireFormat::SkipField(&in_, tag, &shell)) {
@@ -68,10 +69,10 @@ class Parser {
 
  private:
   // Copies the graph's fields except its initializers to `graphBytes` (tag, length and bytes as they are: a
-  // graph of 50,000 nodes is megabytes of them), and parses the initializers into Tensors. With `nodeInputs`, the
-  // nodes' input names go there instead of into `graphBytes`.
+  // graph of 50,000 nodes is megabytes of them), and parses the initializers into Tensors. With `nodeNames`, the
+  // nodes' input and output names go there instead of into `graphBytes`.
   bool parseGraph(std::string& graphBytes, std::vector<std::unique_ptr<Tensor>>& initializers,
-                  std::optional<NodeInputNames>& nodeInputs, uint32_t length) {
+                  std::optional<NodeNames>& nodeNames, uint32_t length) {
     // `length` counts the initializers too, and a corrupt file may claim any length: reserve no more than the file
     // still holds, and at most 256 MiB.
     constexpr int64_t kMaxReserve = 256 << 20;
@@ -98,8 +99,8 @@ class Parser {
         continue;
       }
       if (fieldLength > bytesLeft()) return false;  // truncated or corrupt; checked before allocating for it
-      if (WireFormat::GetTagFieldNumber(tag) == kGraphNodeField && nodeInputs) {
-        if (!copyNodeWithoutInputs(graphBytes, tag, fieldLength, *nodeInputs)) return false;
+      if (WireFormat::GetTagFieldNumber(tag) == kGraphNodeField && nodeNames) {
+        if (!copyNodeWithoutNames(graphBytes, tag, fieldLength, *nodeNames)) return false;
         continue;
       }
       const std::size_t end = appendFieldHeader(graphBytes, tag, fieldLength);
@@ -108,8 +109,9 @@ class Parser {
     return true;
   }
 
-  // Appends the node of `length` bytes to `graphBytes` without its input fields, whose names go to `nodeInputs`.
-  bool copyNodeWithoutInputs(std::string& graphBytes, uint32_t tag, uint32_t length, NodeInputNames& nodeInputs) {
+  // Appends the node of `length` bytes to `graphBytes` without its input and output fields, whose names go to
+  // `nodeNames`.
+  bool copyNodeWithoutNames(std::string& graphBytes, uint32_t tag, uint32_t length, NodeNames& nodeNames) {
     if (length > static_cast<uint32_t>(std::numeric_limits<int>::max())) return false;
     nodeBytes_.resize(length);
     if (!in_.ReadRaw(nodeBytes_.data(), static_cast<int>(length))) return false;
@@ -120,12 +122,14 @@ class Parser {
       const auto fieldStart = static_cast<std::size_t>(node.CurrentPosition());
       const uint32_t field = node.ReadTag();
       if (field == 0) break;
-      if (WireFormat::GetTagFieldNumber(field) == kNodeInputField && isLengthDelimited(field)) {
+      const int number = WireFormat::GetTagFieldNumber(field);
+      if ((number == kNodeInputField || number == kNodeOutputField) && isLengthDelimited(field)) {
         uint32_t nameLength;
         if (!node.ReadVarint32(&nameLength)) return false;
         const auto nameStart = static_cast<std::size_t>(node.CurrentPosition());
         if (!node.Skip(static_cast<int>(nameLength))) return false;
-        nodeInputs.addName(std::string_view(nodeBytes_).substr(nameStart, nameLength));
+        (number == kNodeInputField ? nodeNames.inputs : nodeNames.outputs)
+            .add(std::string_view(nodeBytes_).substr(nameStart, nameLength));
         continue;
       }
       if (!WireFormat::SkipField(&node, field)) return false;
@@ -134,7 +138,8 @@ class Parser {
       kept += fieldEnd - fieldStart;
     }
     if (!node.ConsumedEntireMessage()) return false;
-    nodeInputs.endNode();
+    nodeNames.inputs.endList();
+    nodeNames.outputs.endList();
     const std::size_t end = appendFieldHeader(graphBytes, tag, static_cast<uint32_t>(kept));
     std::memcpy(graphBytes.data() + end, nodeBytes_.data(), kept);
     return true;
@@ -211,7 +216,7 @@ class Parser {
 
 }  // namespace
 
-bool parseDeferred(int fd, const std::string& path, const std::string& baseDir, bool inputsApart, DeferredModel& out) {
+bool parseDeferred(int fd, const std::string& path, const std::string& baseDir, bool namesApart, DeferredModel& out) {
   struct stat info {};
   if (::fstat(fd, &info) != 0) return false;
   const int ownFd = ::dup(fd);  // the tensors keep the file open for as long as they need it
@@ -220,7 +225,7 @@ bool parseDeferred(int fd, const std::string& path, const std::string& baseDir, 
   google::protobuf::io::FileInputStream stream(fd, 1 << 20);
   CodedInputStream input(&stream);
   Parser parser(input, file, baseDir, static_cast<int64_t>(info.st_size));
-  if (inputsApart) out.mainNodeInputs.emplace();
+  if (namesApart) out.mainNodeNames.emplace();
   return parser.parseModel(out);
 }
 

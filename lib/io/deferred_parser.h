@@ -15,50 +15,56 @@
 
 namespace bnfold {
 
-/// The input names of the main graph's nodes, when the parser keeps them apart from the NodeProtos. Parsed into the
-/// protos, each name was a string of its own: 100,000 allocations for a large graph, freed again as soon as the
-/// graph was built, and the rules' allocations then reused those scattered holes, long out of the CPU caches.
-class NodeInputNames {
+/// Lists of names, one per node, back to back in one buffer.
+class NameLists {
  public:
-  /// Nodes, in file order.
-  std::size_t nodeCount() const { return nodeEnds_.size(); }
-  std::size_t inputCount(std::size_t node) const { return nodeEnds_[node] - firstInput(node); }
-  /// Input `slot` of node `node` ("" for an omitted input); valid while this object lives.
-  std::string_view input(std::size_t node, std::size_t slot) const {
-    const std::size_t index = firstInput(node) + slot;
+  std::size_t listCount() const { return listEnds_.size(); }
+  std::size_t size(std::size_t list) const { return listEnds_[list] - firstName(list); }
+  /// Name `i` of list `list`; valid while this object lives.
+  std::string_view at(std::size_t list, std::size_t i) const {
+    const std::size_t index = firstName(list) + i;
     const std::size_t start = index == 0 ? 0 : nameEnds_[index - 1];
     return std::string_view(bytes_).substr(start, nameEnds_[index] - start);
   }
-
-  /// Adds the next input name of the node being read.
-  void addName(std::string_view name) {
+  /// Adds a name to the list being built.
+  void add(std::string_view name) {
     bytes_.append(name);
     nameEnds_.push_back(bytes_.size());
   }
-  /// Closes the node being read: the next name belongs to the next node.
-  void endNode() { nodeEnds_.push_back(nameEnds_.size()); }
+  /// Closes the list being built: the next name starts the next list.
+  void endList() { listEnds_.push_back(nameEnds_.size()); }
 
  private:
-  std::size_t firstInput(std::size_t node) const { return node == 0 ? 0 : nodeEnds_[node - 1]; }
+  std::size_t firstName(std::size_t list) const { return list == 0 ? 0 : listEnds_[list - 1]; }
 
-  std::string bytes_;                 // every name, back to back
+  std::string bytes_;                  // every name, back to back
   std::vector<std::size_t> nameEnds_;  // where each name ends in bytes_
-  std::vector<std::size_t> nodeEnds_;  // where each node's names end in nameEnds_
+  std::vector<std::size_t> listEnds_;  // where each list's names end in nameEnds_
+};
+
+/// The input and output names of the main graph's nodes, when the parser keeps them apart from the NodeProtos.
+/// Parsed into the protos, each name was a string of its own: 200,000 allocations for a large graph, most freed
+/// again as soon as the graph was built (an output's characters move into its value), and the rules' allocations
+/// then reused those scattered holes, long out of the CPU caches.
+struct NodeNames {
+  NameLists inputs;   ///< one list per node, in file order
+  NameLists outputs;  ///< likewise
+  std::size_t nodeCount() const { return inputs.listCount(); }
 };
 
 struct DeferredModel {
   onnx::ModelProto proto;  ///< the whole model except the main graph's initializers
   std::vector<std::unique_ptr<Tensor>> mainInitializers;  ///< in file order
-  /// When asked for: the main graph's node inputs, which the nodes in `proto` then lack.
-  std::optional<NodeInputNames> mainNodeInputs;
+  /// When asked for: the main graph's node inputs and outputs, which the nodes in `proto` then lack.
+  std::optional<NodeNames> mainNodeNames;
 };
 
 /// raw_data payloads at least this large stay in the file.
 constexpr uint32_t kDeferredRawDataThreshold = 4096;
 
-/// Parses the open file `fd` (positioned at 0); with `inputsApart`, the main graph's node inputs go to
-/// `out.mainNodeInputs`. Returns false when the bytes are not a well-formed ModelProto or use a layout this parser
+/// Parses the open file `fd` (positioned at 0); with `namesApart`, the main graph's node inputs and outputs go to
+/// `out.mainNodeNames`. Returns false when the bytes are not a well-formed ModelProto or use a layout this parser
 /// does not handle (the caller then parses it the ordinary way).
-bool parseDeferred(int fd, const std::string& path, const std::string& baseDir, bool inputsApart, DeferredModel& out);
+bool parseDeferred(int fd, const std::string& path, const std::string& baseDir, bool namesApart, DeferredModel& out);
 
 }  // namespace bnfold

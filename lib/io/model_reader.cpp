@@ -42,12 +42,12 @@ class ModelReader {
   ModelReader(Model& model, std::string file, const LoadOptions& options, StoredOrder order = StoredOrder::kCheck)
       : model_(model), file_(std::move(file)), options_(options), order_(order) {}
 
-  /// `mainInitializers`: the main graph's initializers when they were parsed apart from `proto`; `mainNodeInputs`:
-  /// likewise the input names of its nodes, which read only in StoredOrder::kTrust.
+  /// `mainInitializers`: the main graph's initializers when they were parsed apart from `proto`; `mainNodeNames`:
+  /// likewise the input and output names of its nodes, which read only in StoredOrder::kTrust.
   void read(onnx::ModelProto&& proto, const std::string& baseDir,
             std::vector<std::unique_ptr<Tensor>> mainInitializers = {},
-            const NodeInputNames* mainNodeInputs = nullptr) {
-    mainNodeInputs_ = mainNodeInputs;
+            const NodeNames* mainNodeNames = nullptr) {
+    mainNodeNames_ = mainNodeNames;
     model_.path_ = file_;
     model_.baseDir_ = baseDir;
     sharedBaseDir_ = baseDir.empty() ? nullptr : std::make_shared<const std::string>(baseDir);
@@ -63,6 +63,10 @@ class ModelReader {
                                  static_cast<std::size_t>(graph->input_size() + graph->node_size()));
       for (const auto& tensor : mainInitializers) model_.valueNames_.insert(tensor->name());
       reserveNames(*graph);
+      if (mainNodeNames)
+        for (std::size_t node = 0; node < mainNodeNames->nodeCount(); ++node)
+          for (std::size_t i = 0; i < mainNodeNames->outputs.size(node); ++i)
+            model_.valueNames_.insert(mainNodeNames->outputs.at(node, i));
       for (const auto& function : model_.shell_.functions())
         for (const auto& node : function.node()) model_.nodeNames_.insert(node.name());
     }
@@ -125,6 +129,9 @@ class ModelReader {
     graph.shell_.set_name(proto.name());  // for error messages while the graph is built
     std::size_t valueCount = tensors.size() + static_cast<std::size_t>(proto.initializer_size() + proto.input_size());
     for (const auto& node : proto.node()) valueCount += static_cast<std::size_t>(node.output_size());
+    const NodeNames* namesApart = graph.parent() ? nullptr : mainNodeNames_;  // the main graph's, in stored order
+    if (namesApart)
+      for (std::size_t node = 0; node < namesApart->nodeCount(); ++node) valueCount += namesApart->outputs.size(node);
     graph.valuesByName_.reserve(valueCount);  // no rehashing while a large graph is built
     const int initCount = proto.initializer_size();
     std::vector<onnx::TensorProto*> inits(static_cast<std::size_t>(initCount));
@@ -162,20 +169,22 @@ class ModelReader {
     // Each node keeps the NodeProto parsed for it, taken out of the graph's list (no copy, no second shell).
     std::vector<std::unique_ptr<onnx::NodeProto>> nodeProtos;
     takeNodes(proto, nodeProtos);
-    // Input names the parser kept apart: the main graph's, in the stored order (which kTrust does not sort).
-    const NodeInputNames* inputsApart = graph.parent() ? nullptr : mainNodeInputs_;
-    if (inputsApart && (order_ != StoredOrder::kTrust || inputsApart->nodeCount() != nodeProtos.size()))
+    // kTrust does not sort: names kept apart are in the order of the nodes.
+    if (namesApart && (order_ != StoredOrder::kTrust || namesApart->nodeCount() != nodeProtos.size()))
       throw StoredOrderNotTrusted();  // not how the parser and the reader are used together: parse the usual way
     for (std::size_t i = 0; i < nodeProtos.size(); ++i) {
-      if (buildNode(graph, nodeProtos[i], inputsApart, i)) continue;
+      if (buildNode(graph, nodeProtos[i], namesApart, i)) continue;
       // Node i reads a name not defined yet: sort the nodes not built, as sorting the whole graph would have.
       // The nodes built so far read only what came before them, so a stable sort keeps them where they are.
-      // Sorting reads the protos' inputs: the ones kept apart go back in first.
-      if (inputsApart) {
-        for (std::size_t j = i; j < nodeProtos.size(); ++j)
-          for (std::size_t slot = 0; slot < inputsApart->inputCount(j); ++slot)
-            nodeProtos[j]->add_input(std::string(inputsApart->input(j, slot)));
-        inputsApart = nullptr;
+      // Sorting reads the protos' names: the ones kept apart go back in first.
+      if (namesApart) {
+        for (std::size_t j = i; j < nodeProtos.size(); ++j) {
+          for (std::size_t slot = 0; slot < namesApart->inputs.size(j); ++slot)
+            nodeProtos[j]->add_input(std::string(namesApart->inputs.at(j, slot)));
+          for (std::size_t slot = 0; slot < namesApart->outputs.size(j); ++slot)
+            nodeProtos[j]->add_output(std::string(namesApart->outputs.at(j, slot)));
+        }
+        namesApart = nullptr;
       }
       order_ = StoredOrder::kCheck;
       for (std::size_t j = i; j < nodeProtos.size(); ++j) proto.mutable_node()->AddAllocated(nodeProtos[j].release());
@@ -251,17 +260,17 @@ class ModelReader {
 
   // Builds the node, taking its proto; or, in the main graph under StoredOrder::kTrust, returns false when it reads
   // a name not defined yet, leaving everything (the proto, the model's names) as it was. Its input names are in
-  // the proto, or node `index` of `inputsApart`.
-  bool buildNode(Graph& graph, std::unique_ptr<onnx::NodeProto>& nodeProto, const NodeInputNames* inputsApart,
+  // the proto, or node `index` of `namesApart`; so are its output names.
+  bool buildNode(Graph& graph, std::unique_ptr<onnx::NodeProto>& nodeProto, const NodeNames* namesApart,
                  std::size_t index) {
     const std::size_t inputCount =
-        inputsApart ? inputsApart->inputCount(index) : static_cast<std::size_t>(nodeProto->input_size());
+        namesApart ? namesApart->inputs.size(index) : static_cast<std::size_t>(nodeProto->input_size());
     NodeInputs inputs;
     inputs.reserve(inputCount);
     std::string undefinedInput;  // for the error
     for (std::size_t slot = 0; slot < inputCount; ++slot) {
       const std::string_view name =
-          inputsApart ? inputsApart->input(index, slot) : std::string_view(nodeProto->input(static_cast<int>(slot)));
+          namesApart ? namesApart->inputs.at(index, slot) : std::string_view(nodeProto->input(static_cast<int>(slot)));
       Value* value = name.empty() ? nullptr : graph.lookup(name);
       if (!value && !name.empty()) {
         if (order_ == StoredOrder::kTrust && !graph.parent()) return false;
@@ -283,7 +292,9 @@ class ModelReader {
     for (std::size_t slot = 0; slot < inputs.size(); ++slot)
       if (inputs[slot]) inputs[slot]->uses_.push_back({node, static_cast<int>(slot)});
     node->inputs_ = std::move(inputs);
-    node->outputs_.reserve(static_cast<std::size_t>(np.output_size()));
+    const std::size_t outputCount =
+        namesApart ? namesApart->outputs.size(index) : static_cast<std::size_t>(np.output_size());
+    node->outputs_.reserve(outputCount);
     freeStrings(*np.mutable_input());
     // Subgraphs and tensors move out of the attributes; subgraphs see the values defined so far.
     for (int a = 0; a < np.attribute_size(); ++a) {
@@ -309,8 +320,9 @@ class ModelReader {
         node->extras().tensorAttributes.emplace_back(a, std::move(tensor));
       }
     }
-    for (int i = 0; i < np.output_size(); ++i) {
-      const std::string& name = np.output(i);
+    for (std::size_t i = 0; i < outputCount; ++i) {
+      const std::string_view name =
+          namesApart ? namesApart->outputs.at(index, i) : std::string_view(np.output(static_cast<int>(i)));
       if (name.empty()) {
         node->outputs_.push_back(nullptr);
         continue;
@@ -318,12 +330,14 @@ class ModelReader {
       if (order_ == StoredOrder::kTrust && graph.parent() && graph.parent()->lookup(name))
         throw StoredOrderNotTrusted();
       Value* existing = nullptr;
-      Value* value = graph.newValue(std::move(*np.mutable_output(i)), &existing);  // the name's bytes move, not copied
+      // From the proto, the name's bytes move rather than being copied.
+      Value* value = graph.newValue(namesApart ? std::string(name) : std::move(*np.mutable_output(static_cast<int>(i))),
+                                    &existing);
       if (existing)
         throw Error(file_, label() + " writes '" + value->name() + "', which is already defined" +
                                (existing->producer() ? " by node '" + existing->producer()->name() + "'" : ""));
       value->producer_ = node;
-      value->producerOutput_ = i;
+      value->producerOutput_ = static_cast<int>(i);
       node->outputs_.push_back(value);
     }
     freeStrings(*np.mutable_output());
@@ -337,7 +351,7 @@ class ModelReader {
   std::shared_ptr<const std::string> sharedBaseDir_;  // Model::baseDir_, shared by every tensor
   LoadOptions options_;
   StoredOrder order_;
-  const NodeInputNames* mainNodeInputs_ = nullptr;
+  const NodeNames* mainNodeNames_ = nullptr;
   std::unordered_map<std::string, int> unnamedCounter_;
 };
 
@@ -352,11 +366,11 @@ namespace {
 
 // Parses the model file open as `fd` from its start. Large raw_data stays in the file until a rule reads it; the
 // writer copies it file to file.
-// `inputsApart`: the main graph's node inputs kept apart (see NodeInputNames), when the deferred parser reads it.
+// `namesApart`: the main graph's node inputs and outputs kept apart (see NodeNames), when the deferred parser reads it.
 DeferredModel parseModelFile(int fd, bool regular, const std::string& path, const std::string& baseDir,
-                             bool inputsApart) {
+                             bool namesApart) {
   DeferredModel deferred;
-  bool parsed = regular && ::lseek(fd, 0, SEEK_SET) == 0 && parseDeferred(fd, path, baseDir, inputsApart, deferred);
+  bool parsed = regular && ::lseek(fd, 0, SEEK_SET) == 0 && parseDeferred(fd, path, baseDir, namesApart, deferred);
   if (!parsed && !regular) {
     google::protobuf::io::FileInputStream input(fd, 1 << 20);
     parsed = deferred.proto.ParseFromZeroCopyStream(&input);
@@ -404,13 +418,13 @@ std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& opt
     auto model = std::make_unique<Model>();
     ModelReader(*model, path, options, order)
         .read(std::move(deferred.proto), baseDir, std::move(deferred.mainInitializers),
-              deferred.mainNodeInputs ? &*deferred.mainNodeInputs : nullptr);
+              deferred.mainNodeNames ? &*deferred.mainNodeNames : nullptr);
     return model;
   };
   // A regular file can be parsed again: build in the stored order, and only when that fails (see kTrust) parse
   // again and build with the order checked, which sorts or reports exactly as it always did. A stream is read
   // once, so its order is checked first.
-  // The first build, in the stored order, takes the main graph's node inputs apart from their protos.
+  // The first build, in the stored order, takes the main graph's node inputs and outputs apart from their protos.
   DeferredModel deferred = parseModelFile(fd, regular, path, baseDir, regular);
   if (!regular) return build(std::move(deferred), StoredOrder::kCheck);
   try {

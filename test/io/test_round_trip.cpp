@@ -346,28 +346,33 @@ std::string lengthDelimited(int field, const std::string& bytes) {
 
 }  // namespace
 
-TEST_CASE("main-graph node inputs are read apart from their nodes: in order, wherever they lie, omitted ones too",
+TEST_CASE("main-graph node inputs and outputs are read apart from their nodes: in order, wherever they lie",
           "[io][deferred]") {
   onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
 <ir_version: 8, opset_import: ["" : 13]>
-g (float[4] x, float[1] lo) => (float[4] y)
+g (float[4] x, float[1] lo) => (float[4] y, float[2] r)
 <float[1] hi = {2}>
 {
   a = Relu (x)
   y = Clip (a, lo, hi)
+  p, q = Split <axis = 0> (x)
+  r = Add (q, p)
 }
 )ONNX");
   onnx::NodeProto& clip = *proto.mutable_graph()->mutable_node(1);
   clip.set_input(1, "");  // min omitted
   clip.GetReflection()->MutableUnknownFields(&clip)->AddVarint(999, 7);  // survives as it is
-  // The file written by hand: each node's inputs after its other fields, which protobuf reads as the same message.
+  // The file written by hand: each node's outputs, then its inputs, after its other fields, which protobuf reads as the
+  // same message.
   onnx::GraphProto graphWithoutNodes = proto.graph();
   graphWithoutNodes.clear_node();
   std::string graphBytes = graphWithoutNodes.SerializeAsString();
   for (const onnx::NodeProto& node : proto.graph().node()) {
-    onnx::NodeProto withoutInputs = node;
-    withoutInputs.clear_input();
-    std::string nodeBytes = withoutInputs.SerializeAsString();
+    onnx::NodeProto withoutNames = node;
+    withoutNames.clear_input();
+    withoutNames.clear_output();
+    std::string nodeBytes = withoutNames.SerializeAsString();
+    for (const std::string& output : node.output()) nodeBytes += lengthDelimited(2, output);
     for (const std::string& input : node.input()) nodeBytes += lengthDelimited(1, input);
     graphBytes += lengthDelimited(1, nodeBytes);
   }
@@ -389,6 +394,14 @@ g (float[4] x, float[1] lo) => (float[4] y)
   CHECK(loadedClip.input(2)->name() == "hi");
   CHECK(model->graph().findLocal("a")->uses().size() == 1);
   CHECK(loadedClip.proto().input_size() == 0);  // the IR holds them
+  CHECK(loadedClip.proto().output_size() == 0);
+  const Node& split = *model->graph().findLocal("p")->producer();
+  REQUIRE(split.outputs().size() == 2);
+  CHECK(split.output(1)->name() == "q");
+  CHECK(split.output(1)->producerOutputIndex() == 1);
+  const Node& add = *model->graph().findLocal("r")->producer();
+  CHECK(add.input(0) == split.output(1));
+  CHECK(add.input(1) == split.output(0));
   saveModel(*model, dir.file("out.onnx"));
   onnx::ModelProto saved;
   REQUIRE(saved.ParseFromString(readFile(dir.file("out.onnx"))));
@@ -399,7 +412,7 @@ g (float[4] x, float[1] lo) => (float[4] y)
   CHECK(differencer.Compare(proto, saved));
 }
 
-TEST_CASE("main-graph node inputs read apart go back to the nodes when the stored order needs sorting",
+TEST_CASE("main-graph node names read apart go back to the nodes when the stored order needs sorting",
           "[io][deferred][unsorted]") {
   onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
 <ir_version: 8, opset_import: ["" : 13]>
