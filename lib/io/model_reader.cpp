@@ -43,7 +43,7 @@ class ModelReader {
       : model_(model), file_(std::move(file)), options_(options), order_(order) {}
 
   /// `mainInitializers`: the main graph's initializers when they were parsed apart from `proto`; `mainNodeNames`:
-  /// likewise the input and output names of its nodes, which read only in StoredOrder::kTrust.
+  /// likewise the input and output names of its nodes, which are read apart only under StoredOrder::kTrust.
   void read(onnx::ModelProto&& proto, const std::string& baseDir,
             std::vector<std::unique_ptr<Tensor>> mainInitializers = {},
             const NodeNames* mainNodeNames = nullptr) {
