@@ -21,8 +21,10 @@ class NameLists {
   std::size_t listCount() const { return listEnds_.size(); }
   std::size_t size(std::size_t list) const { return listEnds_[list] - firstName(list); }
   /// Name `i` of list `list`; valid while this object lives.
-  std::string_view at(std::size_t list, std::size_t i) const {
-    const std::size_t index = firstName(list) + i;
+  std::string_view at(std::size_t list, std::size_t i) const { return name(firstName(list) + i); }
+  /// Names in all lists, and each of them in list order.
+  std::size_t nameCount() const { return nameEnds_.size(); }
+  std::string_view name(std::size_t index) const {
     const std::size_t start = index == 0 ? 0 : nameEnds_[index - 1];
     return std::string_view(bytes_).substr(start, nameEnds_[index] - start);
   }

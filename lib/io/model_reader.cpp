@@ -64,9 +64,8 @@ class ModelReader {
       for (const auto& tensor : mainInitializers) model_.valueNames_.insert(tensor->name());
       reserveNames(*graph);
       if (mainNodeNames)
-        for (std::size_t node = 0; node < mainNodeNames->nodeCount(); ++node)
-          for (std::size_t i = 0; i < mainNodeNames->outputs.size(node); ++i)
-            model_.valueNames_.insert(mainNodeNames->outputs.at(node, i));
+        for (std::size_t i = 0; i < mainNodeNames->outputs.nameCount(); ++i)
+          model_.valueNames_.insert(mainNodeNames->outputs.name(i));
       for (const auto& function : model_.shell_.functions())
         for (const auto& node : function.node()) model_.nodeNames_.insert(node.name());
     }
@@ -130,8 +129,7 @@ class ModelReader {
     std::size_t valueCount = tensors.size() + static_cast<std::size_t>(proto.initializer_size() + proto.input_size());
     for (const auto& node : proto.node()) valueCount += static_cast<std::size_t>(node.output_size());
     const NodeNames* namesApart = graph.parent() ? nullptr : mainNodeNames_;  // the main graph's, in stored order
-    if (namesApart)
-      for (std::size_t node = 0; node < namesApart->nodeCount(); ++node) valueCount += namesApart->outputs.size(node);
+    if (namesApart) valueCount += namesApart->outputs.nameCount();
     graph.valuesByName_.reserve(valueCount);  // no rehashing while a large graph is built
     const int initCount = proto.initializer_size();
     std::vector<onnx::TensorProto*> inits(static_cast<std::size_t>(initCount));
