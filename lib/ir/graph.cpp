@@ -126,7 +126,8 @@ std::vector<Node*> Graph::nodeList() const {
 }
 
 Value* Graph::findLocal(std::string_view name) const {
-  return valuesByName_.find(name);
+  Value* value = valuesByName_.find(name);
+  return value && !value->retired_ ? value : nullptr;
 }
 
 Value* Graph::lookup(std::string_view name) const {
@@ -222,7 +223,7 @@ void Graph::verify() const {
     }
     if (value->producer_ && value->producer_->erased_)
       fail(*this, "value '" + value->name() + "' is produced by an erased node");
-    if (findLocal(value->name_) != value.get())
+    if (!value->retired_ && findLocal(value->name_) != value.get())
       fail(*this, "value '" + value->name() + "' is not registered under its name");
   }
   for (const ValueInfoEntry& output : outputs_) {
@@ -320,7 +321,8 @@ std::string Model::uniqueNodeName(const std::string& hint) {
 std::string Model::uniqueValueName(const std::string& hint) {
   if (!valueNamesReserved_) reserveExistingValueNames();
   return reserveUnique(hint, [this](const std::string& name) {
-    return !graph_->findLocal(name) && valueNames_.insert(name);
+    // A retired value's entry counts: its name stays taken.
+    return !graph_->valuesByName_.find(name) && valueNames_.insert(name);
   });
 }
 

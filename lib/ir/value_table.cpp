@@ -46,12 +46,6 @@ void ValueTable::erase(std::string_view name) {
   if (tags_[slot]) eraseSlot(slot);
 }
 
-void ValueTable::eraseIfRegistered(const Value* value) {
-  if (size_ == 0) return;
-  const std::size_t slot = probe(value->name(), tagOf(value->name()));
-  if (tags_[slot] && values_[slot] == value) eraseSlot(slot);
-}
-
 void ValueTable::eraseSlot(std::size_t hole) {
   tags_[hole] = 0;
   values_[hole] = nullptr;

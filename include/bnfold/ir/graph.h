@@ -60,6 +60,10 @@ class Value {
   const UseList& uses() const { return uses_; }
   bool hasUses() const { return !uses_.empty(); }
 
+  /// True once a rewrite removed this value. It keeps its name, which is never handed out again, but no lookup finds
+  /// it any more.
+  bool isRetired() const { return retired_; }
+
   bool isGraphInput() const { return graphInput_; }
   bool isGraphOutput() const { return graphOutput_; }
   /// The initializer tensor, or null.
@@ -91,6 +95,7 @@ class Value {
   bool graphInput_ = false;
   bool graphOutput_ = false;
   bool sparseInitializer_ = false;
+  bool retired_ = false;
   int valueInfoIndex_ = -1;  // this value's entry in graph_->valueInfo_, or -1
   std::unique_ptr<Tensor> initializer_;
 };
@@ -226,8 +231,9 @@ class Graph {
   friend class ModelWriter;
   friend class Model;  // reserveExistingNodeNames, reserveExistingValueNames
 
-  /// A new value of this graph under `name`. Should another value of the graph have that name, it is unregistered
-  /// and returned in `replaced` (callers that cannot allow it check this instead of looking the name up first).
+  /// A new value of this graph under `name`. Should another live value of the graph have that name, it is
+  /// unregistered and returned in `replaced` (callers that cannot allow it check this instead of looking the name
+  /// up first). A retired value of that name only gives up its entry.
   Value* newValue(std::string name, Value** replaced = nullptr);
   /// A new node of this graph around `proto` (a new empty one when null), not yet in its list.
   NodePtr newNode(std::unique_ptr<onnx::NodeProto> proto = nullptr);
@@ -248,7 +254,9 @@ class Graph {
   std::pmr::memory_resource* memory_;
   std::pmr::list<NodePtr> nodes_;
   std::vector<ValuePtr> values_;
-  ValueTable valuesByName_;  // keyed by each value's own name_: a rename erases the entry first, inserts it after
+  // Keyed by each value's own name_: a rename erases the entry first, inserts it after. A retired value keeps its
+  // entry, which holds its name reserved: findLocal passes it by, and a new value of that name takes the entry over.
+  ValueTable valuesByName_;
   std::size_t nodesWithSubgraphs_ = 0;  // nestedGraphs() has nothing to look for when this is 0
   std::vector<ValueInfoEntry> inputs_;
   std::vector<ValueInfoEntry> outputs_;

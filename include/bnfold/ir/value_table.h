@@ -25,8 +25,6 @@ class ValueTable {
   Value* insert(Value* value);
   /// Removes whatever is registered under `name`. Rename a value by erasing it, renaming, inserting it again.
   void erase(std::string_view name);
-  /// Removes `value` if it is what its name is registered to (one probe, where find and erase take two).
-  void eraseIfRegistered(const Value* value);
   /// Room for `count` values without growing.
   void reserve(std::size_t count);
   std::size_t size() const { return size_; }
