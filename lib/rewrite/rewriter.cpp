@@ -310,7 +310,7 @@ std::vector<std::pair<std::string, std::size_t>> Rewriter::takeRecorded() {
 }
 
 void Rewriter::finish() {
-  // Retired values leave the initializer and value lists here, in one pass per graph.
+  // Retired values leave the initializer lists here, in one pass per graph.
   for (Graph* graph : dirtyGraphs_) {
     // IR version 3 demands every initializer of the main graph to be listed as a graph input too (onnx::checker
     // rejects the model otherwise): list the ones rewrites added, once it is known which of them survive.
@@ -332,15 +332,10 @@ void Rewriter::finish() {
                 infos.end());
     for (std::size_t i = 0; i < infos.size(); ++i)
       if (infos[i].value) infos[i].value->valueInfoIndex_ = static_cast<int>(i);
+    // Retired values stay among the graph's values, as they stay in its name table, until the graph goes.
     auto& inits = graph->initializers_;
     inits.erase(std::remove_if(inits.begin(), inits.end(), [](const Value* v) { return v->retired_; }),
                 inits.end());
-    auto& values = graph->values_;
-    const auto removed = std::stable_partition(values.begin(), values.end(), [](const ValuePtr& v) {
-      return !v->retired_ || v->hasUses();
-    });
-    std::move(removed, values.end(), std::back_inserter(graph->removedValues_));
-    values.erase(removed, values.end());
   }
   dirtyGraphs_.clear();
   for (NodePtr& node : erasedNodes_) {

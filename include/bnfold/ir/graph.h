@@ -253,7 +253,7 @@ class Graph {
   std::pmr::monotonic_buffer_resource arena_;
   std::pmr::memory_resource* memory_;
   std::pmr::list<NodePtr> nodes_;
-  std::vector<ValuePtr> values_;
+  std::vector<ValuePtr> values_;  // every value the graph ever had, retired ones included
   // Keyed by each value's own name_: a rename erases the entry first, inserts it after. A retired value keeps its
   // entry, which holds its name reserved: findLocal passes it by, and a new value of that name takes the entry over.
   ValueTable valuesByName_;
@@ -263,11 +263,11 @@ class Graph {
   std::vector<ValueInfoEntry> valueInfo_;
   std::vector<Value*> initializers_;
   std::vector<onnx::SparseTensorProto> sparseInitializers_;
-  // What rewrites removed (Rewriter::finish), freed with the graph rather than one object at a time: freeing the
-  // nodes and values of 3,700 folds with their protos and tensors was 5% of the run, and a CLI run ends right
-  // after saving without freeing anything (see cmd_fold.cpp). Declared last: destroyed before the arena.
+  // The nodes rewrites removed (Rewriter::finish), freed with the graph rather than one object at a time: freeing
+  // the nodes and values of 3,700 folds with their protos and tensors was 5% of the run, and a CLI run ends right
+  // after saving without freeing anything (see cmd_fold.cpp). Retired values stay in values_. Declared last:
+  // destroyed before the arena.
   std::vector<NodePtr> removedNodes_;
-  std::vector<ValuePtr> removedValues_;
 };
 
 template <typename T>
