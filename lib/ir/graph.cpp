@@ -307,12 +307,6 @@ void Model::reserveExistingValueNames() {
     for (const auto& value : graph->values_) valueNames_.insert(value->name());
 }
 
-void Model::keepValueNameReserved(const Graph& graph, std::string_view name) {
-  // A name leaving the main graph's table would be free to hand out again: keep it, as any other name the model
-  // had once names were first asked for.
-  if (valueNamesReserved_ && graph.parent() == nullptr && !name.empty()) valueNames_.insert(name);
-}
-
 std::string Model::uniqueNodeName(const std::string& hint) {
   if (!nodeNamesReserved_) reserveExistingNodeNames();
   return reserveUnique(hint, [this](const std::string& name) { return nodeNames_.insert(name); });

@@ -40,28 +40,13 @@ Value* ValueTable::insert(Value* value) {
   return replaced;
 }
 
-void ValueTable::erase(std::string_view name) {
-  if (size_ == 0) return;
-  const std::size_t slot = probe(name, tagOf(name));
-  if (tags_[slot]) eraseSlot(slot);
-}
-
-void ValueTable::eraseSlot(std::size_t hole) {
-  tags_[hole] = 0;
-  values_[hole] = nullptr;
-  --size_;
-  // Backward-shift deletion: move later entries of the probe run into the hole when their home slot allows it,
-  // so that no lookup stops early at the hole (no tombstones).
-  for (std::size_t slot = next(hole); tags_[slot]; slot = next(slot)) {
-    const std::size_t start = home(tags_[slot]);
-    const bool startsAfterHole = hole <= slot ? (hole < start && start <= slot) : (hole < start || start <= slot);
-    if (startsAfterHole) continue;
-    tags_[hole] = tags_[slot];
-    values_[hole] = values_[slot];
-    tags_[slot] = 0;
-    values_[slot] = nullptr;
-    hole = slot;
-  }
+bool ValueTable::swapEntries(const Value* a, const Value* b) {
+  if (size_ == 0) return false;
+  const std::size_t slotA = probe(a->name(), tagOf(a->name()));
+  const std::size_t slotB = probe(b->name(), tagOf(b->name()));
+  if (values_[slotA] != a || values_[slotB] != b) return false;
+  std::swap(values_[slotA], values_[slotB]);
+  return true;
 }
 
 void ValueTable::reserve(std::size_t count) {

@@ -152,10 +152,12 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
     touch(use.node);
   }
   from->uses_.clear();
-  // `to` takes `from`'s name; graph outputs and value_info follow the value.
-  const std::string oldName = to->name_;
-  graph.valuesByName_.erase(oldName);
-  model_.keepValueNameReserved(graph, oldName);
+  // `to` takes `from`'s name and entry, and `from`, retired, `to`'s: that entry keeps `to`'s old name reserved.
+  // Graph outputs and value_info follow the value.
+  if (!graph.valuesByName_.swapEntries(from, to))
+    throw std::logic_error("replaceValueKeepingName: '" + from->name_ + "' or '" + to->name_ + "' is not registered");
+  std::swap(from->name_, to->name_);
+  from->retired_ = true;
   // `to`'s own value_info described its old name; `from`'s entry now describes `to`.
   if (to->valueInfoIndex_ >= 0) graph.valueInfo_[static_cast<std::size_t>(to->valueInfoIndex_)].removed = true;
   to->valueInfoIndex_ = from->valueInfoIndex_;
@@ -166,11 +168,6 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
       if (entry.value == from) entry.value = to;
   to->graphOutput_ = from->graphOutput_;
   from->graphOutput_ = false;
-  to->name_ = from->name_;
-  graph.valuesByName_.insert(to);  // replaces `from`
-  // `from` stays owned by the graph until finish(); its name is `to`'s now.
-  from->name_.clear();
-  from->retired_ = true;
   markDirty(graph);
   if (to->producer_) touch(to->producer_);
   if (oldProducer) {

@@ -14,9 +14,9 @@
 using namespace bnfold;
 using bnfold::test::parseModel;
 
-// The table's deletion moves entries back along their probe runs; a random walk of inserts and erases, checked
-// against std::unordered_map after every step, covers runs that wrap around the end and entries far from home.
-TEST_CASE("ValueTable finds, replaces and erases as a map of names does", "[ir][value_table]") {
+// A random walk of inserts, checked against std::unordered_map after every step, covers probe runs that wrap around
+// the end and entries far from home.
+TEST_CASE("ValueTable finds and replaces as a map of names does", "[ir][value_table]") {
   constexpr int kValues = 200;
   std::string text = "<ir_version: 8, opset_import: [\"\" : 15]>\ng (float[2] v0) => (float[2] v" +
                      std::to_string(kValues - 1) + ")\n{\n";
@@ -38,14 +38,8 @@ TEST_CASE("ValueTable finds, replaces and erases as a map of names does", "[ir][
   std::unordered_map<std::string, Value*> expected;
   for (int step = 0; step < 5000; ++step) {
     Value* value = values[random() % values.size()];
-    const unsigned action = random() % 3;
-    if (action == 0) {
-      table.erase(value->name());
-      expected.erase(value->name());
-    } else {
-      table.insert(value);
-      expected[value->name()] = value;
-    }
+    REQUIRE(table.insert(value) == (expected.count(value->name()) ? expected[value->name()] : nullptr));
+    expected[value->name()] = value;
     REQUIRE(table.size() == expected.size());
     if (step % 50 == 0)
       for (Value* probe : values) {
@@ -56,6 +50,30 @@ TEST_CASE("ValueTable finds, replaces and erases as a map of names does", "[ir][
   CHECK(table.find("not a value") == nullptr);
   table.reserve(1000);
   for (const auto& [name, value] : expected) CHECK(table.find(name) == value);
+}
+
+TEST_CASE("ValueTable swaps the entries of two registered values only", "[ir][value_table]") {
+  auto model = parseModel(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (float[2] a) => (float[2] c)
+{
+  b = Relu (a)
+  c = Neg (b)
+}
+)ONNX");
+  Value* a = model->graph().findLocal("a");
+  Value* b = model->graph().findLocal("b");
+  Value* c = model->graph().findLocal("c");
+  ValueTable table;
+  CHECK_FALSE(table.swapEntries(a, b));
+  table.insert(a);
+  table.insert(b);
+  CHECK_FALSE(table.swapEntries(a, c));  // c is not registered: nothing changes
+  CHECK(table.find("a") == a);
+  CHECK(table.swapEntries(a, b));
+  // The caller swaps the two names next; until then each name's entry holds the other value.
+  CHECK(table.size() == 2);
+  CHECK(table.find("c") == nullptr);
 }
 
 TEST_CASE("NameSet refuses a name it holds and grows past what was reserved", "[ir][value_table]") {
@@ -175,4 +193,37 @@ g (float[2] x) => (float[2] y)
   CHECK(graph.initializers().empty());
   CHECK(model->uniqueValueName("w") == "w_2");
   CHECK(model->uniqueValueName("x") == "x_1");
+}
+
+// replaceValueKeepingName: the value taking over a name gives up its own, which stays taken by the retired value's
+// entry, also when no name was asked for before.
+TEST_CASE("a value replaced keeping its name holds the replacing value's old name", "[ir][value_table]") {
+  onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (float[2] x) => (float[2] z)
+{
+  c = Relu (x)
+  y = Neg (c)
+  z = Abs (y)
+}
+)ONNX");
+  for (auto& node : *proto.mutable_graph()->mutable_node()) node.set_name("node_" + node.output(0));
+  auto model = modelFromProto(std::move(proto));
+  Graph& graph = model->graph();
+  Value* c = graph.findLocal("c");
+  Value* y = graph.findLocal("y");
+  Report report;
+  Rewriter rewriter(*model, report);
+  // The Neg goes; the Relu's output is called `y` from now on.
+  rewriter.replaceValueKeepingName(y, c);
+  CHECK(graph.findLocal("y") == c);
+  CHECK(c->name() == "y");
+  CHECK(y->isRetired());
+  CHECK(y->name() == "c");
+  CHECK(graph.findLocal("c") == nullptr);
+  CHECK(graph.findLocal("z")->producer()->input(0) == c);
+  rewriter.finish();
+  graph.verify();
+  CHECK(model->uniqueValueName("c") == "c_1");
+  CHECK(model->uniqueValueName("y") == "y_1");
 }

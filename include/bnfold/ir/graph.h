@@ -254,8 +254,8 @@ class Graph {
   std::pmr::memory_resource* memory_;
   std::pmr::list<NodePtr> nodes_;
   std::vector<ValuePtr> values_;  // every value the graph ever had, retired ones included
-  // Keyed by each value's own name_: a rename erases the entry first, inserts it after. A retired value keeps its
-  // entry, which holds its name reserved: findLocal passes it by, and a new value of that name takes the entry over.
+  // Keyed by each value's own name_; two values that swap names swap entries. A retired value keeps its entry, which
+  // holds its name reserved: findLocal passes it by, and a new value of that name takes the entry over.
   ValueTable valuesByName_;
   std::size_t nodesWithSubgraphs_ = 0;  // nestedGraphs() has nothing to look for when this is 0
   std::vector<ValueInfoEntry> inputs_;

@@ -67,9 +67,6 @@ class Model {
   std::string uniqueNodeName(const std::string& hint);
   /// A value (tensor) name not used anywhere in the model yet (and reserved from now on).
   std::string uniqueValueName(const std::string& hint);
-  /// Called when a value of `graph` is renamed away from `name`: the name is not handed out again once names have
-  /// been handed out. (A removed value keeps its name, and so holds it itself: see Rewriter::retireValue.)
-  void keepValueNameReserved(const Graph& graph, std::string_view name);
   /// Whether an initializer of some graph was stored in external data when the model was loaded. Known from the
   /// load: asked after it, every initializer's proto would be read again (a cache miss each in a large model).
   bool usesExternalData() const { return usesExternalData_; }

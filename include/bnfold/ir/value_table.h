@@ -23,8 +23,9 @@ class ValueTable {
   /// Registers `value` under its current name, replacing any value registered under that name: returns that
   /// value, or null.
   Value* insert(Value* value);
-  /// Removes whatever is registered under `name`. Rename a value by erasing it, renaming, inserting it again.
-  void erase(std::string_view name);
+  /// Gives `a`'s entry to `b` and `b`'s to `a`, for a caller that swaps their names next; false (and nothing
+  /// changed) unless each is registered under its name.
+  bool swapEntries(const Value* a, const Value* b);
   /// Room for `count` values without growing.
   void reserve(std::size_t count);
   std::size_t size() const { return size_; }
@@ -40,8 +41,6 @@ class ValueTable {
   std::size_t next(std::size_t slot) const { return slot + 1 == tags_.size() ? 0 : slot + 1; }
   // The slot holding `name`, or the empty slot where it would go.
   std::size_t probe(std::string_view name, uint32_t tag) const;
-  // Empties `slot` and moves later entries of its probe run back.
-  void eraseSlot(std::size_t slot);
   // Rebuilt with room for `count` values at the highest load allowed.
   void rehash(std::size_t count);
 
