@@ -95,7 +95,8 @@ class Model {
   // Reserve every node (value) name the model has, on the first request for a new node (value) name: a load that
   // asks for none (`--rules none`, `check`, `info`) never hashes its names, and a fold, which adds tensors but no
   // nodes, hashes no node name. Value names of the main graph are looked up in its ValueTable instead: valueNames_
-  // has subgraphs' names, names handed out, and main-graph names dropped since.
+  // has subgraphs' names and names handed out. A value a rewrite removed keeps its name and its table entry, so its
+  // name stays taken (see Rewriter::retireValue).
   void reserveExistingNodeNames();
   void reserveExistingValueNames();
 
