@@ -1,6 +1,7 @@
 #include "bnfold/ir/value_table.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "bnfold/ir/graph.h"
 
