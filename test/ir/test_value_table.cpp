@@ -14,6 +14,16 @@
 using namespace bnfold;
 using bnfold::test::parseModel;
 
+namespace {
+// The model in ONNX text with every main-graph node named "node_<its first output>": a model whose nodes all have
+// names reserves no name on load, only on the first request for a new one.
+std::unique_ptr<Model> parseModelWithNamedNodes(const std::string& text) {
+  onnx::ModelProto proto = bnfold::test::parseModelProto(text);
+  for (auto& node : *proto.mutable_graph()->mutable_node()) node.set_name("node_" + node.output(0));
+  return modelFromProto(std::move(proto));
+}
+}  // namespace
+
 // A random walk of inserts, checked against std::unordered_map after every step, covers probe runs that wrap around
 // the end and entries far from home.
 TEST_CASE("ValueTable finds and replaces as a map of names does", "[ir][value_table]") {
@@ -128,7 +138,7 @@ g (bool c, float[2] x) => (float[2] y)
 // loses after names were first handed out must still never be handed out again. Every node is named, so that names
 // are reserved on the first request, not on load.
 TEST_CASE("unique names skip names the main graph dropped after names were first handed out", "[ir][value_table]") {
-  onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
+  auto model = parseModelWithNamedNodes(R"ONNX(
 <ir_version: 8, opset_import: ["" : 15]>
 g (float[2] x) => (float[2] y)
 <float[2] w = {1, 2}>
@@ -138,8 +148,6 @@ g (float[2] x) => (float[2] y)
   y = Neg (d)
 }
 )ONNX");
-  for (auto& node : *proto.mutable_graph()->mutable_node()) node.set_name("node_" + node.output(0));
-  auto model = modelFromProto(std::move(proto));
   Graph& graph = model->graph();
   Report report;
   Rewriter rewriter(*model, report);
@@ -163,7 +171,7 @@ g (float[2] x) => (float[2] y)
 // A retired value keeps its entry in its graph's table: lookups pass it by, and its name is never handed out again,
 // even when it went before any name was asked for.
 TEST_CASE("a retired value is found by no lookup and its name stays taken", "[ir][value_table]") {
-  onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
+  auto model = parseModelWithNamedNodes(R"ONNX(
 <ir_version: 8, opset_import: ["" : 15]>
 g (float[2] x) => (float[2] y)
 <float[2] w = {1, 2}>
@@ -172,8 +180,6 @@ g (float[2] x) => (float[2] y)
   y = Neg (x)
 }
 )ONNX");
-  for (auto& node : *proto.mutable_graph()->mutable_node()) node.set_name("node_" + node.output(0));
-  auto model = modelFromProto(std::move(proto));
   Graph& graph = model->graph();
   Value* w = graph.findLocal("w");
   REQUIRE(w != nullptr);
@@ -198,7 +204,7 @@ g (float[2] x) => (float[2] y)
 // replaceValueKeepingName: the value taking over a name gives up its own, which stays taken by the retired value's
 // entry, also when no name was asked for before.
 TEST_CASE("a value replaced keeping its name holds the replacing value's old name", "[ir][value_table]") {
-  onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
+  auto model = parseModelWithNamedNodes(R"ONNX(
 <ir_version: 8, opset_import: ["" : 15]>
 g (float[2] x) => (float[2] z)
 {
@@ -207,8 +213,6 @@ g (float[2] x) => (float[2] z)
   z = Abs (y)
 }
 )ONNX");
-  for (auto& node : *proto.mutable_graph()->mutable_node()) node.set_name("node_" + node.output(0));
-  auto model = modelFromProto(std::move(proto));
   Graph& graph = model->graph();
   Value* c = graph.findLocal("c");
   Value* y = graph.findLocal("y");
