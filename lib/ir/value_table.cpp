@@ -50,6 +50,8 @@ bool ValueTable::swapEntries(const Value* a, const Value* b) {
   return true;
 }
 
+std::size_t ValueTable::capacity() const { return tags_.size() * kLoadNumerator / kLoadDenominator; }
+
 void ValueTable::reserve(std::size_t count) {
   if (capacityFor(count) > tags_.size()) rehash(count);
 }

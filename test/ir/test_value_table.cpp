@@ -8,6 +8,7 @@
 #include "bnfold/ir/model.h"
 #include "bnfold/ir/value_table.h"
 #include "bnfold/report/report.h"
+#include "bnfold/rewrite/driver.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "test_support.h"
 
@@ -22,17 +23,21 @@ std::unique_ptr<Model> parseModelWithNamedNodes(const std::string& text) {
   for (auto& node : *proto.mutable_graph()->mutable_node()) node.set_name("node_" + node.output(0));
   return modelFromProto(std::move(proto));
 }
+
+// A chain of Relus over v0 .. v<count - 1>: values with distinct names.
+std::string reluChainText(int count) {
+  std::string text = "<ir_version: 8, opset_import: [\"\" : 15]>\ng (float[2] v0) => (float[2] v" +
+                     std::to_string(count - 1) + ")\n{\n";
+  for (int i = 1; i < count; ++i) text += "  v" + std::to_string(i) + " = Relu (v" + std::to_string(i - 1) + ")\n";
+  return text + "}\n";
+}
 }  // namespace
 
 // A random walk of inserts, checked against std::unordered_map after every step, covers probe runs that wrap around
 // the end and entries far from home.
 TEST_CASE("ValueTable finds and replaces as a map of names does", "[ir][value_table]") {
   constexpr int kValues = 200;
-  std::string text = "<ir_version: 8, opset_import: [\"\" : 15]>\ng (float[2] v0) => (float[2] v" +
-                     std::to_string(kValues - 1) + ")\n{\n";
-  for (int i = 1; i < kValues; ++i)
-    text += "  v" + std::to_string(i) + " = Relu (v" + std::to_string(i - 1) + ")\n";
-  text += "}\n";
+  const std::string text = reluChainText(kValues);
   // Two models with the same names: a name may be registered to either of two values.
   auto model = parseModel(text);
   auto twin = parseModel(text);
@@ -60,6 +65,54 @@ TEST_CASE("ValueTable finds and replaces as a map of names does", "[ir][value_ta
   CHECK(table.find("not a value") == nullptr);
   table.reserve(1000);
   for (const auto& [name, value] : expected) CHECK(table.find(name) == value);
+}
+
+TEST_CASE("ValueTable grows only past its capacity", "[ir][value_table]") {
+  auto model = parseModel(reluChainText(100));
+  ValueTable table;
+  CHECK(table.capacity() == 0);
+  table.reserve(40);
+  const std::size_t reserved = table.capacity();
+  REQUIRE(reserved >= 40);
+  REQUIRE(reserved < 100);
+  for (std::size_t i = 0; i < reserved; ++i) {
+    REQUIRE(table.insert(model->graph().findLocal("v" + std::to_string(i))) == nullptr);
+    CHECK(table.capacity() == reserved);
+  }
+  table.insert(model->graph().findLocal("v" + std::to_string(reserved)));
+  CHECK(table.capacity() > reserved);
+  for (std::size_t i = 0; i <= reserved; ++i) CHECK(table.find("v" + std::to_string(i)) != nullptr);
+}
+
+// Each fold adds a weight and a bias while the values it removes keep their entries: the room loading leaves takes
+// them, so the table is not rebuilt while the rules run (by then a large graph's table is out of the CPU caches).
+TEST_CASE("loading leaves the name table room for the values folding adds", "[ir][value_table]") {
+  // Residual blocks as in the benchmark's chain: Conv (no bias) + BatchNormalization + Relu + Add.
+  constexpr int kBlocks = 12;
+  std::string text = "<ir_version: 8, opset_import: [\"\" : 15]>\ng (float[1,2,4,4] x0) => (float[1,2,4,4] x" +
+                     std::to_string(kBlocks) + ")\n<";
+  for (int b = 0; b < kBlocks; ++b) {
+    const std::string i = std::to_string(b);
+    text += std::string(b ? ", " : "") + "float[2,2,1,1] w" + i + " = {1, 0.5, -0.5, 1}, float[2] s" + i +
+            " = {1.5, 0.5}, float[2] o" + i + " = {0.25, -1}, float[2] m" + i + " = {0.125, 1}, float[2] v" + i +
+            " = {0.5, 2}";
+  }
+  text += ">\n{\n";
+  for (int b = 0; b < kBlocks; ++b) {
+    const std::string i = std::to_string(b), next = std::to_string(b + 1);
+    text += "  c" + i + " = Conv (x" + i + ", w" + i + ")\n  n" + i + " = BatchNormalization (c" + i + ", s" + i +
+            ", o" + i + ", m" + i + ", v" + i + ")\n  r" + i + " = Relu (n" + i + ")\n  x" + next + " = Add (r" + i +
+            ", x" + i + ")\n";
+  }
+  text += "}\n";
+  auto model = parseModel(text);
+  const std::size_t loaded = model->graph().valueCapacity();
+  DriverOptions options;
+  options.rules = parseRuleSelection("");
+  Report report;
+  runRules(*model, options, report);
+  REQUIRE(report.section("folds").size() == kBlocks);
+  CHECK(model->graph().valueCapacity() == loaded);
 }
 
 TEST_CASE("ValueTable swaps the entries of two registered values only", "[ir][value_table]") {

@@ -213,6 +213,9 @@ class Graph {
   Value* findLocal(std::string_view name) const;
   /// The value visible under that name here: this graph, then enclosing graphs.
   Value* lookup(std::string_view name) const;
+  /// How many values (retired ones included) the graph's name table takes before it grows. Loading leaves room
+  /// for a quarter more values than the file has.
+  std::size_t valueCapacity() const { return valuesByName_.capacity(); }
 
   /// Every graph nested in this one's nodes, depth-first (not including this graph).
   std::vector<Graph*> nestedGraphs() const;

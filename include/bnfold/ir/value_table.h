@@ -29,6 +29,8 @@ class ValueTable {
   /// Room for `count` values without growing.
   void reserve(std::size_t count);
   std::size_t size() const { return size_; }
+  /// How many values the table takes before it grows.
+  std::size_t capacity() const;
 
  private:
   // Never 0, which marks an empty slot.
