@@ -344,6 +344,7 @@ class ModelReader {
     }
     freeStrings(*np.mutable_output());
     if (!node->subgraphs().empty()) ++graph.nodesWithSubgraphs_;
+    node->order_ = static_cast<std::uint32_t>(graph.nodes_.size());  // appended in list order
     node->position_ = graph.nodes_.insert(graph.nodes_.end(), std::move(owned));
     return true;
   }

@@ -150,6 +150,13 @@ NodePtr Graph::newNode(std::unique_ptr<onnx::NodeProto> proto) {
   return NodePtr(new (memory_->allocate(sizeof(Node), alignof(Node))) Node(this, std::move(proto)));
 }
 
+void Graph::numberNodes() {
+  if (everyNodeNumbered_) return;
+  std::uint32_t order = 0;
+  for (const auto& node : nodes_) node->order_ = order++;
+  everyNodeNumbered_ = true;
+}
+
 std::vector<Graph*> Graph::nestedGraphs() const {
   std::vector<Graph*> out;
   if (nodesWithSubgraphs_ == 0) return out;

@@ -11,6 +11,7 @@
 #include "bnfold/rewrite/rewriter.h"
 #include "constant_eval.h"
 #include "op_versions.h"
+#include "root_scan.h"
 #include "verify/region.h"
 #include "verify/verifier.h"
 
@@ -92,8 +93,8 @@ bool isInModel(const Node& node) {
 }
 
 // One "skipped" entry for each BatchNormalization left in the model, in graph order. `batchNorms`: every
-// BatchNormalization the model had before the rules ran, in that order (nodes never move), when no rewrite made a
-// new one; null to look through every node of every graph instead.
+// BatchNormalization the model had before the rules ran, in that order (nodes never move), less any erased before the
+// root scan reached it, when no rewrite made a new one; null to look through every node of every graph instead.
 void recordSkippedBatchNorms(Model& model, const RuleContext& context,
                              const std::unordered_map<const Node*, std::vector<Failure>>& failures,
                              const std::vector<const Node*>* batchNorms, Report& report) {
@@ -211,43 +212,37 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
   // The failures of the BatchNormalizations no rule rewrote, for their "skipped" entries.
   std::unordered_map<const Node*, std::vector<Failure>> failures;
   std::vector<Failure> nodeFailures;
-  // Every BatchNormalization before the rules ran, in graph order, so that the "skipped" entries need not look
-  // through every node again; not usable once a rewrite makes a new one.
-  std::vector<const Node*> batchNorms;
-  std::vector<const Node*> batchNormsByAddress;  // sorted copy, made when a rewrite touches a BatchNormalization
-  bool batchNormsComplete = false;
+  // Whether the scan's BatchNormalizations are all the model has: not once a rewrite makes a new one.
+  bool batchNormsComplete = !rulesByOp.empty();
   verify::RegionRecorder recorder;
   verify::Verifier verifier;
   std::size_t verified = 0, verifyFailed = 0;
+  // The roots first, in graph order (none when no rule is chosen), then the nodes rewrites touched.
+  RootScan roots(
+      rulesByOp.empty() ? std::vector<Graph*>{} : model.allGraphs(),
+      [&rulesByOp](const Node& node) { return rulesByOp.count(node.opType()) > 0; },
+      options.verify || options.injectFaultForTesting ? &recorder : nullptr);
   {
     Rewriter rewriter(model, report);
-    if (options.verify || options.injectFaultForTesting) rewriter.setListener(&recorder);
+    rewriter.setListener(&roots);
     std::deque<Node*> worklist;
-    std::unordered_set<Node*> queued;
+    std::unordered_set<Node*> queued;  // what is on the worklist
     // Only nodes some chosen rule starts from go on the worklist: most nodes of a large graph are not one.
     auto enqueue = [&](Node* node) {
-      if (!node->isErased() && rulesByOp.count(node->opType()) && queued.insert(node).second)
+      if (!node->isErased() && rulesByOp.count(node->opType()) && !roots.willYield(*node) &&
+          queued.insert(node).second)
         worklist.push_back(node);
     };
-    if (!rulesByOp.empty()) {
-      // Sized once for every root there is: grown one root at a time, the set was rehashed over and over.
-      std::vector<Node*> roots;
-      for (Graph* graph : model.allGraphs())
-        for (const auto& node : graph->nodes()) {
-          if (node->isOnnxOp("BatchNormalization")) batchNorms.push_back(node.get());
-          if (rulesByOp.count(node->opType())) roots.push_back(node.get());
-        }
-      batchNormsComplete = true;
-      queued.reserve(roots.size());
-      queued.insert(roots.begin(), roots.end());
-      worklist.assign(roots.begin(), roots.end());
-    }
 
     std::size_t rewrites = 0;
-    while (!worklist.empty()) {
-      Node* node = worklist.front();
-      worklist.pop_front();
-      queued.erase(node);
+    for (;;) {
+      Node* node = roots.next();
+      if (!node) {
+        if (worklist.empty()) break;
+        node = worklist.front();
+        worklist.pop_front();
+        queued.erase(node);
+      }
       if (node->isErased() || !node->isOnnxDomain()) continue;
       auto bucket = rulesByOp.find(node->opType());
       if (bucket == rulesByOp.end() || context.isKept(*node)) continue;
@@ -296,14 +291,8 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
         // Look again at what changed and at whatever reads it.
         for (Node* touched : rewriter.takeTouched()) {
           if (touched->isErased()) continue;
-          if (batchNormsComplete && touched->isOnnxOp("BatchNormalization")) {
-            if (batchNormsByAddress.empty()) {
-              batchNormsByAddress = batchNorms;
-              std::sort(batchNormsByAddress.begin(), batchNormsByAddress.end());
-            }
-            batchNormsComplete =
-                std::binary_search(batchNormsByAddress.begin(), batchNormsByAddress.end(), touched);
-          }
+          if (touched->order() == Node::kUnnumbered && touched->isOnnxOp("BatchNormalization"))
+            batchNormsComplete = false;  // made by a rewrite
           enqueue(touched);
           for (Value* output : touched->outputs())
             if (output)
@@ -325,7 +314,7 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
                             {"passed", verified - verifyFailed},
                             {"failed", verifyFailed},
                             {"seed", options.verifySeed}});
-  recordSkippedBatchNorms(model, context, failures, batchNormsComplete ? &batchNorms : nullptr, report);
+  recordSkippedBatchNorms(model, context, failures, batchNormsComplete ? &roots.batchNorms() : nullptr, report);
 }
 
 }  // namespace bnfold

@@ -62,6 +62,7 @@ Node* Rewriter::createNode(const Node* anchor, const std::string& opType, const 
     node->outputs_.push_back(value);
   }
   node->position_ = graph.nodes_.insert(anchor->position_, std::move(owned));
+  graph.everyNodeNumbered_ = false;  // the new node is kUnnumbered
   touch(node);
   if (listener_) listener_->nodeCreated(*node);
   return node;

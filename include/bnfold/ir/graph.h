@@ -131,6 +131,12 @@ class Node {
   Graph* graph() const { return graph_; }
   bool isErased() const { return erased_; }
 
+  /// Increases along the graph's node list, so that two nodes' places compare without walking it. Loading numbers
+  /// the nodes 0, 1, 2, ...; a node a rewrite makes is kUnnumbered until Graph::numberNodes. Nodes never move, so
+  /// the numbered ones stay in increasing order.
+  std::uint32_t order() const { return order_; }
+  static constexpr std::uint32_t kUnnumbered = UINT32_MAX;
+
   /// The attribute called `name`, or null. Subgraph and tensor payloads are held elsewhere (see below).
   const onnx::AttributeProto* attribute(const std::string& name) const;
   int64_t attributeInt(const std::string& name, int64_t fallback) const;
@@ -173,6 +179,7 @@ class Node {
   Graph* graph_ = nullptr;
   std::pmr::list<NodePtr>::iterator position_;
   bool erased_ = false;
+  std::uint32_t order_ = kUnnumbered;  // in the padding after erased_
   std::unique_ptr<Extras> extras_;  // null for most nodes
   friend class Value;
 };
@@ -216,6 +223,9 @@ class Graph {
   /// How many values (retired ones included) the graph's name table takes before it grows. Loading leaves room
   /// for a quarter more values than the file has.
   std::size_t valueCapacity() const { return valuesByName_.capacity(); }
+
+  /// Numbers the nodes along the list (Node::order) if a rewrite has made one since loading or the last call.
+  void numberNodes();
 
   /// Every graph nested in this one's nodes, depth-first (not including this graph).
   std::vector<Graph*> nestedGraphs() const;
@@ -261,6 +271,7 @@ class Graph {
   // holds its name reserved: findLocal passes it by, and a new value of that name takes the entry over.
   ValueTable valuesByName_;
   std::size_t nodesWithSubgraphs_ = 0;  // nestedGraphs() has nothing to look for when this is 0
+  bool everyNodeNumbered_ = true;       // numberNodes() has nothing to do
   std::vector<ValueInfoEntry> inputs_;
   std::vector<ValueInfoEntry> outputs_;
   std::vector<ValueInfoEntry> valueInfo_;
