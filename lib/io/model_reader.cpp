@@ -140,6 +140,10 @@ class ModelReader {
     if (initCount > 0) proto.mutable_initializer()->ExtractSubrange(0, initCount, inits.data());
     for (onnx::TensorProto* raw : inits)
       tensors.push_back(std::make_unique<Tensor>(std::unique_ptr<onnx::TensorProto>(raw), sharedBaseDir_));
+    // Room for the folds' new weights and biases, appended before finish() drops what they replace: a fold adds at
+    // most two initializers for the four (or more) its BatchNormalization reads. Grown during the rules, the list
+    // was copied after it had left the CPU caches.
+    graph.initializers_.reserve(tensors.size() + tensors.size() / 2);
     for (auto& tensor : tensors) {
       if (tensor->name().empty()) throw Error(file_, graphLabel(graph) + " has an initializer without a name");
       tensor->validate(file_);

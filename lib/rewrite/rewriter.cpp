@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <iterator>
+#include <memory_resource>
 #include <stdexcept>
+#include <unordered_set>
 
 #include "bnfold/rewrite/rule.h"
 #include "constant_eval.h"
@@ -159,6 +161,10 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
     throw std::logic_error("replaceValueKeepingName: '" + from->name_ + "' or '" + to->name_ + "' is not registered");
   std::swap(from->name_, to->name_);
   from->retired_ = true;
+  if (from->initializer_) {
+    retiredInitializers_.push_back(from);
+    markDirty(graph);
+  }
   // `to`'s own value_info described its old name; `from`'s entry now describes `to`.
   if (to->valueInfoIndex_ >= 0) graph.valueInfo_[static_cast<std::size_t>(to->valueInfoIndex_)].removed = true;
   to->valueInfoIndex_ = from->valueInfoIndex_;
@@ -280,6 +286,7 @@ void Rewriter::retireValue(Value* value) {
   // The value keeps its name and its entry in the graph's table, where the name stays reserved and lookups pass it
   // by: a fold retires five values, and taking each out of a table of 100,000 names read two cache lines apiece.
   value->retired_ = true;
+  if (value->initializer_) retiredInitializers_.push_back(value);
   if (value->valueInfoIndex_ >= 0) {
     graph.valueInfo_[static_cast<std::size_t>(value->valueInfoIndex_)].removed = true;
     value->valueInfoIndex_ = -1;
@@ -308,7 +315,13 @@ std::vector<std::pair<std::string, std::size_t>> Rewriter::takeRecorded() {
 }
 
 void Rewriter::finish() {
-  // Retired values leave the initializer lists here, in one pass per graph.
+  // Retired values leave the initializer lists here, in one pass per graph. Which ones is looked up in a set of those
+  // the rewriter retired, not read from each initializer's Value (out of the caches in a large graph). The set's nodes
+  // come from one buffer, freed at once: allocated and freed one by one, they cost more than the reads saved.
+  std::pmr::monotonic_buffer_resource buffer;
+  std::pmr::unordered_set<const Value*> retired(&buffer);
+  retired.reserve(retiredInitializers_.size());
+  retired.insert(retiredInitializers_.begin(), retiredInitializers_.end());
   for (Graph* graph : dirtyGraphs_) {
     // IR version 3 demands every initializer of the main graph to be listed as a graph input too (onnx::checker
     // rejects the model otherwise): list the ones rewrites added, once it is known which of them survive.
@@ -332,10 +345,12 @@ void Rewriter::finish() {
       if (infos[i].value) infos[i].value->valueInfoIndex_ = static_cast<int>(i);
     // Retired values stay among the graph's values, as they stay in its name table, until the graph goes.
     auto& inits = graph->initializers_;
-    inits.erase(std::remove_if(inits.begin(), inits.end(), [](const Value* v) { return v->retired_; }),
-                inits.end());
+    if (!retired.empty())
+      inits.erase(std::remove_if(inits.begin(), inits.end(), [&retired](const Value* v) { return retired.count(v); }),
+                  inits.end());
   }
   dirtyGraphs_.clear();
+  retiredInitializers_.clear();
   for (NodePtr& node : erasedNodes_) {
     Graph& graph = *node->graph_;
     graph.removedNodes_.push_back(std::move(node));

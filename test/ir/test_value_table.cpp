@@ -86,6 +86,8 @@ TEST_CASE("ValueTable grows only past its capacity", "[ir][value_table]") {
 
 // Each fold adds a weight and a bias while the values it removes keep their entries: the room loading leaves takes
 // them, so the table is not rebuilt while the rules run (by then a large graph's table is out of the CPU caches).
+// The same goes for the list of initializers, to which the new weights and biases are appended before the ones they
+// replace are dropped.
 TEST_CASE("loading leaves the name table room for the values folding adds", "[ir][value_table]") {
   // Residual blocks as in the benchmark's chain: Conv (no bias) + BatchNormalization + Relu + Add.
   constexpr int kBlocks = 12;
@@ -107,12 +109,15 @@ TEST_CASE("loading leaves the name table room for the values folding adds", "[ir
   text += "}\n";
   auto model = parseModel(text);
   const std::size_t loaded = model->graph().valueCapacity();
+  const Value* const* initializerList = model->graph().initializers().data();
   DriverOptions options;
   options.rules = parseRuleSelection("");
   Report report;
   runRules(*model, options, report);
   REQUIRE(report.section("folds").size() == kBlocks);
   CHECK(model->graph().valueCapacity() == loaded);
+  CHECK(model->graph().initializers().size() == 2 * kBlocks);  // each Conv's new weight and bias
+  CHECK(model->graph().initializers().data() == initializerList);
 }
 
 TEST_CASE("ValueTable swaps the entries of two registered values only", "[ir][value_table]") {
@@ -283,4 +288,28 @@ g (float[2] x) => (float[2] z)
   graph.verify();
   CHECK(model->uniqueValueName("c") == "c_1");
   CHECK(model->uniqueValueName("y") == "y_1");
+}
+
+// An initializer retired by replaceValueKeepingName leaves the list of initializers as one retired by eraseNode does.
+TEST_CASE("an initializer replaced keeping its name leaves the initializers", "[ir][value_table]") {
+  auto model = parseModelWithNamedNodes(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (float[2] x) => (float[2] y)
+<float[2] w = {1, 2}>
+{
+  c = Relu (x)
+  y = Mul (x, w)
+}
+)ONNX");
+  Graph& graph = model->graph();
+  Value* w = graph.findLocal("w");
+  Value* c = graph.findLocal("c");
+  Report report;
+  Rewriter rewriter(*model, report);
+  rewriter.replaceValueKeepingName(w, c);  // the Mul reads the Relu's output, called `w` from now on
+  rewriter.finish();
+  graph.verify();
+  CHECK(w->isRetired());
+  CHECK(graph.initializers().empty());
+  CHECK(graph.findLocal("y")->producer()->input(1) == c);
 }

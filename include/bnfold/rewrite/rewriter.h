@@ -4,6 +4,7 @@
 /// keep use lists right, drop constants a rewrite left without readers, tell the driver what to look at
 /// again, and record provenance for the report.
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,6 +103,9 @@ class Rewriter {
   std::vector<Node*> touched_;
   std::vector<NodePtr> erasedNodes_;
   std::vector<Graph*> dirtyGraphs_;
+  // Initializers retired since the last finish(), which takes them out of their graphs' lists without reading every
+  // initializer's Value (on a 10,000-block chain those reads were a tenth of the rules' misses of the caches).
+  std::deque<const Value*> retiredInitializers_;  // not a vector: growing, it copied what had left the caches
   std::vector<std::string>* erasedLog_ = nullptr;  // names of erased nodes, while materializeConstant runs
 };
 
