@@ -254,17 +254,22 @@ int64_t Model::opsetVersion(const std::string& domain) const {
 
 bool NameSet::insert(std::string_view name) { return insertHash(hashOf(name)); }
 
+bool NameSet::contains(std::string_view name) const { return size_ > 0 && slots_[slotOf(hashOf(name))] != 0; }
+
+std::size_t NameSet::slotOf(uint64_t hash) const {
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = hash & mask;
+  while (slots_[i] != hash && slots_[i] != 0) i = (i + 1) & mask;
+  return i;
+}
+
 bool NameSet::insertHash(uint64_t hash) {
   if (2 * (size_ + 1) > slots_.size()) reserve(size_ + 1);
-  const std::size_t mask = slots_.size() - 1;
-  for (std::size_t i = hash & mask;; i = (i + 1) & mask) {
-    if (slots_[i] == hash) return false;
-    if (slots_[i] == 0) {
-      slots_[i] = hash;
-      ++size_;
-      return true;
-    }
-  }
+  const std::size_t slot = slotOf(hash);
+  if (slots_[slot] == hash) return false;
+  slots_[slot] = hash;
+  ++size_;
+  return true;
 }
 
 void NameSet::reserve(std::size_t count) {
@@ -325,6 +330,14 @@ std::string Model::uniqueValueName(const std::string& hint) {
     // A retired value's entry counts: its name stays taken.
     return !graph_->valuesByName_.find(name) && valueNames_.insert(name);
   });
+}
+
+Value* Model::newValueWithUniqueName(Graph& graph, const std::string& hint) {
+  if (&graph != graph_.get()) return graph.newValue(uniqueValueName(hint));
+  if (!valueNamesReserved_) reserveExistingValueNames();
+  return graph.newValue(reserveUnique(hint, [this](const std::string& name) {
+    return !graph_->valuesByName_.find(name) && !valueNames_.contains(name);
+  }));
 }
 
 std::vector<Graph*> Model::allGraphs() {

@@ -38,15 +38,24 @@ Value* ValueTable::insert(Value* value) {
   if (!replaced) ++size_;
   tags_[slot] = tag;
   values_[slot] = value;
+  value->tableSlot_ = static_cast<uint32_t>(slot);
   return replaced;
 }
 
-bool ValueTable::swapEntries(const Value* a, const Value* b) {
-  if (size_ == 0) return false;
-  const std::size_t slotA = probe(a->name(), tagOf(a->name()));
-  const std::size_t slotB = probe(b->name(), tagOf(b->name()));
-  if (values_[slotA] != a || values_[slotB] != b) return false;
+std::size_t ValueTable::slotOf(const Value* value) const {
+  if (size_ == 0) return kNoSlot;
+  if (value->tableSlot_ < values_.size() && values_[value->tableSlot_] == value) return value->tableSlot_;
+  const std::size_t slot = probe(value->name(), tagOf(value->name()));
+  return tags_[slot] && values_[slot] == value ? slot : kNoSlot;
+}
+
+bool ValueTable::swapEntries(Value* a, Value* b) {
+  const std::size_t slotA = slotOf(a);
+  const std::size_t slotB = slotOf(b);
+  if (slotA == kNoSlot || slotB == kNoSlot) return false;
   std::swap(values_[slotA], values_[slotB]);
+  a->tableSlot_ = static_cast<uint32_t>(slotB);
+  b->tableSlot_ = static_cast<uint32_t>(slotA);
   return true;
 }
 

@@ -28,9 +28,8 @@ Value* Rewriter::addInitializer(const Graph& constGraph, Tensor tensor, const st
   // IR version 3 wants every initializer among its own graph's inputs, which a subgraph cannot take (an If branch
   // has none, a Loop or Scan body's are fixed): there the tensor goes to the main graph, which subgraphs read.
   auto& graph = model_.irVersion() < 4 ? model_.graph() : const_cast<Graph&>(constGraph);
-  const std::string name = model_.uniqueValueName(nameHint);
-  tensor.setName(name);
-  Value* value = graph.newValue(name);
+  Value* value = model_.newValueWithUniqueName(graph, nameHint);
+  tensor.setName(value->name());
   attachInitializer(graph, value, std::make_unique<Tensor>(std::move(tensor)));
   return value;
 }
@@ -58,7 +57,7 @@ Node* Rewriter::createNode(const Node* anchor, const std::string& opType, const 
     if (value) value->uses_.push_back({node, static_cast<int>(slot)});
   }
   for (std::size_t i = 0; i < outputNameHints.size(); ++i) {
-    Value* value = graph.newValue(model_.uniqueValueName(outputNameHints[i]));
+    Value* value = model_.newValueWithUniqueName(graph, outputNameHints[i]);
     value->producer_ = node;
     value->producerOutput_ = static_cast<int>(i);
     node->outputs_.push_back(value);

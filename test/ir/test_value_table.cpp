@@ -24,6 +24,16 @@ std::unique_ptr<Model> parseModelWithNamedNodes(const std::string& text) {
   return modelFromProto(std::move(proto));
 }
 
+// Names in both branches of an If: x_1 and x_2.
+const char* kIfWithTwoBranches = R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (bool c, float[2] x) => (float[2] y)
+{
+  y = If (c) <then_branch = t () => (float[2] x_1) { x_1 = Relu (x) },
+              else_branch = e () => (float[2] x_2) { x_2 = Neg (x) }>
+}
+)ONNX";
+
 // A chain of Relus over v0 .. v<count - 1>: values with distinct names.
 std::string reluChainText(int count) {
   std::string text = "<ir_version: 8, opset_import: [\"\" : 15]>\ng (float[2] v0) => (float[2] v" +
@@ -144,6 +154,24 @@ g (float[2] a) => (float[2] c)
   CHECK(table.find("c") == nullptr);
 }
 
+// A swap goes straight to the slots the two values were placed in; after a rehash has moved them, it finds them by name.
+TEST_CASE("ValueTable swaps entries whose values a rehash has moved", "[ir][value_table]") {
+  auto model = parseModel(reluChainText(3));
+  Value* a = model->graph().findLocal("v0");
+  Value* b = model->graph().findLocal("v1");
+  ValueTable table;
+  table.insert(a);
+  table.insert(b);
+  table.reserve(1000);
+  REQUIRE(table.swapEntries(a, b));
+  // Until the caller swaps the names, each entry holds a value under the other's name, which a lookup passes by.
+  CHECK(table.find("v0") == nullptr);
+  CHECK(table.find("v1") == nullptr);
+  REQUIRE(table.swapEntries(a, b));
+  CHECK(table.find("v0") == a);
+  CHECK(table.find("v1") == b);
+}
+
 TEST_CASE("NameSet refuses a name it holds and grows past what was reserved", "[ir][value_table]") {
   NameSet names;
   names.reserve(4);
@@ -155,14 +183,7 @@ TEST_CASE("NameSet refuses a name it holds and grows past what was reserved", "[
 }
 
 TEST_CASE("unique names skip every name of the loaded model, nested graphs included", "[ir][value_table]") {
-  auto model = parseModel(R"ONNX(
-<ir_version: 8, opset_import: ["" : 15]>
-g (bool c, float[2] x) => (float[2] y)
-{
-  y = If (c) <then_branch = t () => (float[2] x_1) { x_1 = Relu (x) },
-              else_branch = e () => (float[2] x_2) { x_2 = Neg (x) }>
-}
-)ONNX");
+  auto model = parseModel(kIfWithTwoBranches);
   CHECK(model->uniqueValueName("x") == "x_3");
   CHECK(model->uniqueValueName("x") == "x_4");
   CHECK(model->uniqueValueName("fresh") == "fresh");
@@ -171,14 +192,7 @@ g (bool c, float[2] x) => (float[2] y)
 // A model whose nodes all have names reserves nothing on load: its names are reserved on the first request for a new
 // one, from the IR. That request must still see every name, nested graphs' included.
 TEST_CASE("unique names are reserved on first request when every node is named", "[ir][value_table]") {
-  onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
-<ir_version: 8, opset_import: ["" : 15]>
-g (bool c, float[2] x) => (float[2] y)
-{
-  y = If (c) <then_branch = t () => (float[2] x_1) { x_1 = Relu (x) },
-              else_branch = e () => (float[2] x_2) { x_2 = Neg (x) }>
-}
-)ONNX");
+  onnx::ModelProto proto = bnfold::test::parseModelProto(kIfWithTwoBranches);
   auto& node = *proto.mutable_graph()->mutable_node(0);
   node.set_name("If_0");
   for (auto& attr : *node.mutable_attribute()) attr.mutable_g()->mutable_node(0)->set_name(attr.name() + "_node");
@@ -288,6 +302,29 @@ g (float[2] x) => (float[2] z)
   graph.verify();
   CHECK(model->uniqueValueName("c") == "c_1");
   CHECK(model->uniqueValueName("y") == "y_1");
+}
+
+// A main-graph value the Rewriter makes keeps its name taken through the graph's table alone; a subgraph's is recorded
+// with the names handed out. Neither name is handed out again, whoever asks.
+TEST_CASE("names the rewriter gives new values are never given again, in the main graph or a subgraph",
+          "[ir][value_table]") {
+  auto model = parseModelWithNamedNodes(kIfWithTwoBranches);
+  Graph& graph = model->graph();
+  Graph& thenGraph = *model->allGraphs().at(1);
+  Report report;
+  Rewriter rewriter(*model, report);
+  auto addWeight = [&](const Graph& where) {
+    return rewriter.addInitializer(where, Tensor::fromDoubles("", DataType::Float, {2}, {1, 2}), "k")->name();
+  };
+  CHECK(addWeight(graph) == "k");
+  CHECK(addWeight(graph) == "k_1");
+  CHECK(model->uniqueValueName("k") == "k_2");
+  CHECK(addWeight(thenGraph) == "k_3");
+  CHECK(thenGraph.findLocal("k_3") != nullptr);
+  CHECK(addWeight(graph) == "k_4");
+  const Node* relu = thenGraph.findLocal("x_1")->producer();
+  CHECK(rewriter.createNode(relu, "Identity", {graph.findLocal("x")}, {"k"}, "copy")->output(0)->name() == "k_5");
+  CHECK(model->uniqueValueName("k") == "k_6");
 }
 
 // An initializer retired by replaceValueKeepingName leaves the list of initializers as one retired by eraseNode does.

@@ -84,6 +84,7 @@ class Value {
   friend class Rewriter;
   friend class ModelReader;
   friend class ModelWriter;
+  friend class ValueTable;
 
   explicit Value(Graph* graph);
 
@@ -91,6 +92,7 @@ class Value {
   Graph* graph_ = nullptr;
   Node* producer_ = nullptr;
   int producerOutput_ = -1;
+  std::uint32_t tableSlot_ = UINT32_MAX;  // its slot in its graph's ValueTable when last placed there (a hint)
   UseList uses_;
   bool graphInput_ = false;
   bool graphOutput_ = false;

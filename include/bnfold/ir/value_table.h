@@ -25,7 +25,7 @@ class ValueTable {
   Value* insert(Value* value);
   /// Gives `a`'s entry to `b` and `b`'s to `a`, for a caller that swaps their names next; false (and nothing
   /// changed) unless each is registered under its name.
-  bool swapEntries(const Value* a, const Value* b);
+  bool swapEntries(Value* a, Value* b);
   /// Room for `count` values without growing.
   void reserve(std::size_t count);
   std::size_t size() const { return size_; }
@@ -43,6 +43,10 @@ class ValueTable {
   std::size_t next(std::size_t slot) const { return slot + 1 == tags_.size() ? 0 : slot + 1; }
   // The slot holding `name`, or the empty slot where it would go.
   std::size_t probe(std::string_view name, uint32_t tag) const;
+  /// The slot holding `value`, or kNoSlot. Tried first: the slot the value was given (Value::tableSlot_), which
+  /// saves hashing its name and reading a tag (a rehash or another table may have made it stale, hence the check).
+  std::size_t slotOf(const Value* value) const;
+  static constexpr std::size_t kNoSlot = SIZE_MAX;
   // Rebuilt with room for `count` values at the highest load allowed.
   void rehash(std::size_t count);
 
