@@ -54,8 +54,7 @@ struct ScanWhileRewriting {
 
 }  // namespace
 
-TEST_CASE("loading numbers the nodes along the list; a node a rewrite makes is numbered by numberNodes",
-          "[ir][root_scan]") {
+TEST_CASE("loading numbers the nodes along the list, and numberNodes numbers those a rewrite made", "[ir][root_scan]") {
   auto model = parseModel(kAddsInTwoGraphs);
   Graph& graph = model->graph();
   std::uint32_t expected = 0;
