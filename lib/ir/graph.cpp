@@ -324,20 +324,19 @@ std::string Model::uniqueNodeName(const std::string& hint) {
   return reserveUnique(hint, [this](const std::string& name) { return nodeNames_.insert(name); });
 }
 
-std::string Model::uniqueValueName(const std::string& hint) {
-  if (!valueNamesReserved_) reserveExistingValueNames();
-  return reserveUnique(hint, [this](const std::string& name) {
-    // A retired value's entry counts: its name stays taken.
-    return !graph_->valuesByName_.find(name) && valueNames_.insert(name);
-  });
-}
+std::string Model::uniqueValueName(const std::string& hint) { return claimValueName(hint, true); }
 
 Value* Model::newValueWithUniqueName(Graph& graph, const std::string& hint) {
-  if (&graph != graph_.get()) return graph.newValue(uniqueValueName(hint));
+  return graph.newValue(claimValueName(hint, &graph != graph_.get()));
+}
+
+std::string Model::claimValueName(const std::string& hint, bool record) {
   if (!valueNamesReserved_) reserveExistingValueNames();
-  return graph.newValue(reserveUnique(hint, [this](const std::string& name) {
-    return !graph_->valuesByName_.find(name) && !valueNames_.contains(name);
-  }));
+  return reserveUnique(hint, [this, record](const std::string& name) {
+    // A retired value's entry counts: its name stays taken.
+    if (graph_->valuesByName_.find(name)) return false;
+    return record ? valueNames_.insert(name) : !valueNames_.contains(name);
+  });
 }
 
 std::vector<Graph*> Model::allGraphs() {

@@ -97,6 +97,8 @@ class Model {
   /// graph's table from then on (a retired value keeps its entry), so it is not recorded in valueNames_ as well: on a
   /// 10,000-block chain recording the folds' 20,000 names made a tenth of the rules' last-level cache misses.
   Value* newValueWithUniqueName(Graph& graph, const std::string& hint);
+  /// A name from `hint` that neither the main graph's table nor valueNames_ holds; recorded in valueNames_ if `record`.
+  std::string claimValueName(const std::string& hint, bool record);
 
   onnx::ModelProto shell_;
   std::unique_ptr<Graph> graph_;
