@@ -8,7 +8,15 @@
 namespace bnfold {
 
 Node::Node(Graph* graph, std::unique_ptr<onnx::NodeProto> proto)
-    : proto_(proto ? std::move(proto) : std::make_unique<onnx::NodeProto>()), graph_(graph) {}
+    : proto_(proto ? std::move(proto) : std::make_unique<onnx::NodeProto>()),
+      opType_(&graph->model()->internOpType(proto_->op_type())),
+      graph_(graph),
+      onnxDomain_(proto_->domain().empty() || proto_->domain() == "ai.onnx") {}
+
+void Node::setOpType(const std::string& type) {
+  proto_->set_op_type(type);
+  opType_ = &graph_->model()->internOpType(type);
+}
 Node::~Node() = default;
 
 const std::vector<SubgraphSlot>& Node::subgraphs() const {

@@ -48,7 +48,7 @@ Node* Rewriter::createNode(const Node* anchor, const std::string& opType, const 
   Graph& graph = *anchor->graph_;
   NodePtr owned = graph.newNode();
   Node* node = owned.get();
-  node->proto_->set_op_type(opType);
+  node->setOpType(opType);
   node->proto_->set_name(model_.uniqueNodeName(nameHint));
   for (auto& attribute : attributes) *node->proto_->add_attribute() = std::move(attribute);
   for (std::size_t slot = 0; slot < inputs.size(); ++slot) {

@@ -114,6 +114,37 @@ TEST_CASE("setInput and createNode keep producers and uses consistent", "[ir]") 
   CHECK(neg->name() == "negate");
 }
 
+TEST_CASE("a node's op type and domain are known without its proto, for nodes loaded and made", "[ir]") {
+  auto model = parseModel(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15, "ai.onnx" : 15, "com.example" : 1]>
+g (float[2] x) => (float[2] z)
+{
+  a = Relu (x)
+  b = ai.onnx.Relu (a)
+  c = com.example.Relu (b)
+  z = Relu (c)
+}
+)ONNX");
+  Graph& graph = model->graph();
+  const Node* plain = graph.findLocal("a")->producer();
+  const Node* named = graph.findLocal("b")->producer();
+  const Node* custom = graph.findLocal("c")->producer();
+  CHECK(plain->isOnnxOp("Relu"));
+  CHECK(named->isOnnxOp("Relu"));
+  CHECK_FALSE(custom->isOnnxOp("Relu"));
+  CHECK(custom->opType() == "Relu");
+  CHECK(custom->domain() == "com.example");
+  // Nodes of one type share one copy of it.
+  CHECK(&plain->opType() == &graph.findLocal("z")->producer()->opType());
+
+  Report report;
+  Rewriter rewriter(*model, report);
+  const Node* made = rewriter.createNode(plain, "Neg", {graph.findLocal("a")}, {"n"}, "negate");
+  CHECK(made->isOnnxOp("Neg"));
+  CHECK(made->opType() == "Neg");
+  CHECK(made->proto().op_type() == "Neg");
+}
+
 TEST_CASE("in IR version 3 an initializer a rewrite adds is listed as a graph input too", "[ir]") {
   // IR 3 demands every initializer of the main graph among its inputs; an edit that only adds one and reads it
   // must leave a model that still says so.

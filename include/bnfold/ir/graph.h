@@ -112,11 +112,13 @@ struct SubgraphSlot {
 class Node {
  public:
   ~Node();
-  const std::string& opType() const { return proto_->op_type(); }
+  /// The op type, read from the model's one copy of it (Model::internOpType), not from the NodeProto: in a large
+  /// graph the NodeProto is out of the caches, and the rules ask most nodes their type.
+  const std::string& opType() const { return *opType_; }
   /// The domain as stored ("" or "ai.onnx" for standard ONNX ops).
   const std::string& domain() const { return proto_->domain(); }
-  /// True for the standard ONNX domain ("" or "ai.onnx").
-  bool isOnnxDomain() const { return domain().empty() || domain() == std::string_view("ai.onnx"); }
+  /// True for the standard ONNX domain ("" or "ai.onnx"). Known from construction, like the op type.
+  bool isOnnxDomain() const { return onnxDomain_; }
   const std::string& name() const { return proto_->name(); }
   /// True for the standard ONNX op `opType` (domain "" or "ai.onnx").
   /// Inline: rules ask this of most nodes they look at, and a size check settles most answers.
@@ -162,6 +164,8 @@ class Node {
   friend class ModelWriter;
 
   Node(Graph* graph, std::unique_ptr<onnx::NodeProto> proto);
+  /// Sets the op type in the proto and in opType_.
+  void setOpType(const std::string& type);
 
   // What few nodes have, kept apart so that every other node is smaller (a graph may have 100,000 nodes).
   struct Extras {
@@ -176,12 +180,14 @@ class Node {
   Extras& extras();
 
   std::unique_ptr<onnx::NodeProto> proto_;  // the one parsed from the file (not a copy), or a new one; never null
+  const std::string* opType_;               // proto_->op_type(), as interned by the model
   NodeInputs inputs_;
   NodeOutputs outputs_;
   Graph* graph_ = nullptr;
   std::pmr::list<NodePtr>::iterator position_;
   bool erased_ = false;
-  std::uint32_t order_ = kUnnumbered;  // in the padding after erased_
+  bool onnxDomain_ = true;             // proto_'s domain is "" or "ai.onnx" (domains are set only on construction)
+  std::uint32_t order_ = kUnnumbered;  // in the padding after erased_ and onnxDomain_
   std::unique_ptr<Extras> extras_;  // null for most nodes
   friend class Value;
 };

@@ -77,6 +77,10 @@ class Model {
   /// Initializer names read from outside the graphs (training_info): they must never be removed.
   bool isPinned(const std::string& valueName) const { return pinnedNames_.count(valueName) != 0; }
 
+  /// The model's one copy of `opType`, which every node of that type points to. Nodes hold no std::string of their
+  /// own: a string per node would make each node larger, and a few dozen types serve a whole model.
+  const std::string& internOpType(const std::string& opType) { return *opTypes_.insert(opType).first; }
+
   /// Every ModelProto field except the graph (ir_version, opset_import, metadata, functions, ...).
   const onnx::ModelProto& shell() const { return shell_; }
   onnx::ModelProto& mutableShell() { return shell_; }
@@ -101,6 +105,7 @@ class Model {
   std::string claimValueName(const std::string& hint, bool record);
 
   onnx::ModelProto shell_;
+  std::unordered_set<std::string> opTypes_;  // before graph_: its nodes point into it
   std::unique_ptr<Graph> graph_;
   std::string path_;
   std::string baseDir_;
