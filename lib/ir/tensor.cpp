@@ -77,19 +77,38 @@ SourceFile::~SourceFile() {
 
 Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::string baseDir)
     : proto_(std::move(proto)),
-      baseDir_(baseDir.empty() ? nullptr : std::make_shared<const std::string>(std::move(baseDir))) {}
+      baseDir_(baseDir.empty() ? nullptr : std::make_shared<const std::string>(std::move(baseDir))) {
+  readProtoOnce();
+}
 
 Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::shared_ptr<const std::string> baseDir)
-    : proto_(std::move(proto)), baseDir_(std::move(baseDir)) {}
+    : proto_(std::move(proto)), baseDir_(std::move(baseDir)) {
+  readProtoOnce();
+}
 
 Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::shared_ptr<const std::string> baseDir,
                FileRange rawData)
     : proto_(std::move(proto)),
       baseDir_(std::move(baseDir)),
-      deferred_(std::make_shared<FileBytes>(std::move(rawData))) {}
+      deferred_(std::make_shared<FileBytes>(std::move(rawData))) {
+  readProtoOnce();
+}
 
 Tensor::Tensor(std::unique_ptr<onnx::TensorProto> proto, std::shared_ptr<const DeferredBytes> bytes)
-    : proto_(std::move(proto)), deferred_(std::move(bytes)) {}
+    : proto_(std::move(proto)), deferred_(std::move(bytes)) {
+  readProtoOnce();
+}
+
+void Tensor::readProtoOnce() {
+  dataType_ = static_cast<DataType>(proto_->data_type());
+  elementCount_ = checkedElementCount(proto_->dims()).value_or(kNoElementCount);
+  holdRawDataView();
+}
+
+void Tensor::holdRawDataView() {
+  const bool held = proto_ && proto_->has_raw_data() && !deferred_ && !isExternal();
+  heldRawData_ = held ? std::string_view(proto_->raw_data()) : std::string_view();
+}
 
 Tensor Tensor::deferred(std::string name, DataType type, std::vector<int64_t> dims,
                         std::shared_ptr<const DeferredBytes> bytes) {
@@ -148,6 +167,7 @@ void Tensor::materialize() {
   else bytes = readAll(*deferred_);
   proto_->set_raw_data(std::move(bytes));
   deferred_.reset();
+  holdRawDataView();
   releaseCachedBytes();
 }
 
@@ -167,6 +187,7 @@ std::shared_ptr<const DeferredBytes> Tensor::byteSource() const {
     auto shared = std::make_shared<MemoryBytes>(std::move(*proto_->mutable_raw_data()));
     proto_->clear_raw_data();
     deferred_ = shared;
+    heldRawData_ = {};
     return shared;
   }
   return std::make_shared<MemoryBytes>(std::string(bytes()));
@@ -194,10 +215,10 @@ std::optional<int64_t> parseExternalNumber(const std::string& text) {
 }  // namespace
 
 int64_t Tensor::elementCount() const {
-  const std::optional<int64_t> count = checkedElementCount(proto_->dims());
-  if (!count) throw Error("", "tensor '" + name() + "' has dims " + dimsText(proto_->dims()) +
-                                  " whose element count does not fit in 64 bits");
-  return *count;
+  if (elementCount_ == kNoElementCount)
+    throw Error("", "tensor '" + name() + "' has dims " + dimsText(proto_->dims()) +
+                        " whose element count does not fit in 64 bits");
+  return elementCount_;
 }
 
 int64_t Tensor::byteSize() const {
@@ -321,6 +342,7 @@ void Tensor::validate(const std::string& file) const {
 std::string_view Tensor::bytes() const {
   const DataType type = dataType();
   if (type == DataType::String) throw std::invalid_argument("tensor '" + name() + "' holds strings, not numbers");
+  if (!heldRawData_.empty()) return heldRawData_;
   if (!isExternal() && !deferred_) {
     if (proto_->has_raw_data()) return proto_->raw_data();
     // Typed fields whose in-memory layout is already the packed element layout: read in place.

@@ -148,6 +148,39 @@ TEST_CASE("byteSource hands larger raw_data over instead of copying it", "[tenso
   CHECK(read == values);
 }
 
+TEST_CASE("bytes follow the proto's raw_data through materialize and a lent proto", "[tensor]") {
+  const float values[] = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 9.0f, 10.0f, 11.0f, 12.0f, 13.0f, 14.0f,
+                          15.0f, 16.0f, 17.0f, 18.0f, 19.0f, 20.0f};
+  Tensor tensor(protoWithRaw(DataType::Float, {20}, values, sizeof(values)));
+  CHECK(tensor.elementCount() == 20);
+  CHECK(tensor.bytes().data() == tensor.proto().raw_data().data());
+
+  // Handed over to a source and put back: read from the proto's new string.
+  tensor.byteSource();
+  tensor.materialize();
+  CHECK(tensor.bytes().data() == tensor.proto().raw_data().data());
+  CHECK(tensor.toDoubles()[19] == 20.0);
+
+  // A proto whose bytes changed while it was lent (its type and dims never change): the tensor reads the bytes it
+  // gets back, not the old ones. The new string is longer, so it cannot reuse the old buffer.
+  std::unique_ptr<onnx::TensorProto> lent = tensor.lendProto();
+  std::vector<float> more(40, 0.5f);
+  lent->set_raw_data(std::string(reinterpret_cast<const char*>(more.data()), more.size() * sizeof(float)));
+  tensor.returnProto(std::move(lent));
+  CHECK(tensor.bytes().size() == 20 * sizeof(float) * 2);
+  CHECK(tensor.bytes().data() == tensor.proto().raw_data().data());
+}
+
+TEST_CASE("an element count that overflows is refused when asked for", "[tensor]") {
+  auto proto = std::make_unique<onnx::TensorProto>();
+  proto->set_name("huge");
+  proto->set_data_type(static_cast<int>(DataType::Float));
+  for (int i = 0; i < 4; ++i) proto->add_dims(int64_t{1} << 20);
+  Tensor tensor(std::move(proto));
+  CHECK(tensor.dataType() == DataType::Float);
+  CHECK_THROWS_WITH(tensor.elementCount(), Catch::Contains("huge") && Catch::Contains("does not fit in 64 bits"));
+}
+
 TEST_CASE("byteSource copies short raw_data and typed fields", "[tensor]") {
   SECTION("raw_data of a few bytes") {
     const float values[] = {1.0f, 2.0f};

@@ -161,7 +161,7 @@ class Tensor {
 
   const std::string& name() const { return proto_->name(); }
   void setName(const std::string& name) { proto_->set_name(name); }
-  DataType dataType() const { return static_cast<DataType>(proto_->data_type()); }
+  DataType dataType() const { return dataType_; }
   std::vector<int64_t> dims() const { return {proto_->dims().begin(), proto_->dims().end()}; }
   int64_t rank() const { return proto_->dims_size(); }
   /// The product of the dims. Throws bnfold::Error when it does not fit in int64 (validate() refuses such a
@@ -199,8 +199,14 @@ class Tensor {
   const onnx::TensorProto& proto() const { return *proto_; }
 
   // Used by the writer to lend the proto to a ModelProto for serialization without copying it.
-  std::unique_ptr<onnx::TensorProto> lendProto() { return std::move(proto_); }
-  void returnProto(std::unique_ptr<onnx::TensorProto> proto) { proto_ = std::move(proto); }
+  std::unique_ptr<onnx::TensorProto> lendProto() {
+    heldRawData_ = {};
+    return std::move(proto_);
+  }
+  void returnProto(std::unique_ptr<onnx::TensorProto> proto) {
+    proto_ = std::move(proto);
+    holdRawDataView();
+  }
   /// Drop a cached copy of bytes that can be read again (external data, deferred raw_data).
   void releaseCachedBytes() const;
   /// The bytes the proto does not hold (raw_data left in the model file, or computed on demand), or null when
@@ -217,11 +223,22 @@ class Tensor {
  private:
   // A model has tens of thousands of small tensors: the folder is shared, not copied into each (null: none), and
   // the packed-bytes cache is allocated only when used.
+  /// Reads the type and element count from the proto (neither ever changes) and sets heldRawData_.
+  void readProtoOnce();
+  /// Points heldRawData_ at the proto's raw_data if the proto holds the bytes there, else empties it.
+  void holdRawDataView();
+
   std::unique_ptr<onnx::TensorProto> proto_;
+  // What a rule asks of every tensor it reads, kept here rather than read from the proto: in a large model the
+  // proto, its dims and its raw_data string are three more cache misses per tensor.
+  int64_t elementCount_ = kNoElementCount;  // of the dims; kNoElementCount when that does not fit in int64
+  static constexpr int64_t kNoElementCount = -1;
+  mutable std::string_view heldRawData_;  // proto_->raw_data() while the proto holds the bytes there (not external, not deferred)
   std::shared_ptr<const std::string> baseDir_;
   // Shared by byteSource(): a change of representation, not of value.
   mutable std::shared_ptr<const DeferredBytes> deferred_;
   bool preferExternal_ = false;
+  DataType dataType_ = DataType::Undefined;  // proto_->data_type()
   // raw_data up to this size is copied by byteSource(), not moved: a short string keeps its bytes inside itself,
   // so a move would leave earlier views of them dangling.
   static constexpr std::size_t kCopiedSourceBytes = 64;
