@@ -6,8 +6,11 @@
 // With the caches emptied before the rules at both sizes, the ratio of the two times shows how the rules' own work
 // grows, apart from that difference.
 //
-//   bnfold_rule_phase MODEL [--empty-caches]     prints "rules 0.0123 s"
+//   bnfold_rule_phase MODEL [--empty-caches]     prints "rules 0.0123 s, 1154 page faults"
+//
+// The page faults are the new memory the rules touch (minor faults, from getrusage): in a VM each is dear.
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -51,11 +54,15 @@ int main(int argc, char** argv) {
 
     bnfold::DriverOptions options;
     options.rules = bnfold::parseRuleSelection("");
+    rusage before{};
+    getrusage(RUSAGE_SELF, &before);
     const auto start = std::chrono::steady_clock::now();
     bnfold::Report report;
     bnfold::runRules(*model, options, report);
     const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
-    std::printf("rules %.4f s\n", seconds.count());
+    rusage after{};
+    getrusage(RUSAGE_SELF, &after);
+    std::printf("rules %.4f s, %ld page faults\n", seconds.count(), after.ru_minflt - before.ru_minflt);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", argv[1], e.what());
     return 1;
