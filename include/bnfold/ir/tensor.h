@@ -221,8 +221,6 @@ class Tensor {
   std::shared_ptr<const DeferredBytes> byteSource() const;
 
  private:
-  // A model has tens of thousands of small tensors: the folder is shared, not copied into each (null: none), and
-  // the packed-bytes cache is allocated only when used.
   /// Reads the type and element count from the proto (neither ever changes) and sets heldRawData_.
   void readProtoOnce();
   /// Points heldRawData_ at the proto's raw_data if the proto holds the bytes there, else empties it.
@@ -233,7 +231,9 @@ class Tensor {
   // proto, its dims and its raw_data string are three more cache misses per tensor.
   int64_t elementCount_ = kNoElementCount;  // of the dims; kNoElementCount when that does not fit in int64
   static constexpr int64_t kNoElementCount = -1;
-  mutable std::string_view heldRawData_;  // proto_->raw_data() while the proto holds the bytes there (not external, not deferred)
+  mutable std::string_view heldRawData_;  // proto_->raw_data() while the proto holds the bytes (not external/deferred)
+  // A model has tens of thousands of small tensors: the folder is shared, not copied into each (null: none), and
+  // the packed-bytes cache is allocated only when used.
   std::shared_ptr<const std::string> baseDir_;
   // Shared by byteSource(): a change of representation, not of value.
   mutable std::shared_ptr<const DeferredBytes> deferred_;
