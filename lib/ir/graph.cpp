@@ -7,11 +7,16 @@
 
 namespace bnfold {
 
+namespace {
+// The standard ONNX domain is written "" or "ai.onnx".
+bool isOnnxDomainName(const std::string& domain) { return domain.empty() || domain == "ai.onnx"; }
+}  // namespace
+
 Node::Node(Graph* graph, std::unique_ptr<onnx::NodeProto> proto)
     : proto_(proto ? std::move(proto) : std::make_unique<onnx::NodeProto>()),
       opType_(&graph->model()->internOpType(proto_->op_type())),
       graph_(graph),
-      onnxDomain_(proto_->domain().empty() || proto_->domain() == "ai.onnx") {}
+      onnxDomain_(isOnnxDomainName(proto_->domain())) {}
 
 void Node::setOpType(const std::string& type) {
   proto_->set_op_type(type);
@@ -252,9 +257,9 @@ Model::Model() : graph_(std::make_unique<Graph>(this, nullptr, nullptr)) {}
 Model::~Model() = default;
 
 int64_t Model::opsetVersion(const std::string& domain) const {
-  const bool onnxDomain = domain.empty() || domain == "ai.onnx";
+  const bool onnxDomain = isOnnxDomainName(domain);
   for (const auto& opset : shell_.opset_import()) {
-    const bool match = onnxDomain ? (opset.domain().empty() || opset.domain() == "ai.onnx") : opset.domain() == domain;
+    const bool match = onnxDomain ? isOnnxDomainName(opset.domain()) : opset.domain() == domain;
     if (match) return opset.version();
   }
   return -1;
