@@ -254,6 +254,7 @@ std::vector<Finding> findingsOf(Model& model, const Report& report, const std::s
 
 std::vector<Finding> failedVerifications(const Report& report) {
   std::vector<Finding> findings;
+  if (!report.hasVerification()) return findings;  // no verdicts, and no need to turn every record into JSON
   for (const auto& [section, entries] : report.json().items()) {
     if (!entries.is_array() || section == "rules" || section == kReorderedSection) continue;
     for (const auto& entry : entries)

@@ -34,10 +34,42 @@ void Report::add(const std::string& section, nlohmann::json entry) {
   array.push_back(std::move(entry));
 }
 
+void Report::add(const std::string& section, ReportRecord record) {
+  auto& array = doc_[section];
+  if (array.is_null()) array = nlohmann::json::array();
+  records_[section].emplace_back(array.size(), std::move(record));
+  array.push_back(nullptr);
+}
+
+void Report::materialize(const std::string& section) const {
+  auto pending = records_.find(section);
+  if (pending == records_.end()) return;
+  nlohmann::json& array = doc_.at(section);
+  for (const auto& [index, record] : pending->second) array.at(index) = record.toJson();
+  records_.erase(pending);
+}
+
 const nlohmann::json& Report::section(const std::string& name) const {
   static const nlohmann::json empty = nlohmann::json::array();
   auto it = doc_.find(name);
-  return it == doc_.end() ? empty : *it;
+  if (it == doc_.end()) return empty;
+  materialize(name);
+  return *it;
+}
+
+std::size_t Report::sectionSize(const std::string& name) const {
+  auto it = doc_.find(name);
+  return it == doc_.end() ? 0 : it->size();
+}
+
+nlohmann::json& Report::entry(const std::string& section, std::size_t index) {
+  materialize(section);
+  return doc_.at(section).at(index);
+}
+
+const nlohmann::json& Report::json() const {
+  while (!records_.empty()) materialize(records_.begin()->first);
+  return doc_;
 }
 
 std::size_t Report::rewriteCount() const {
@@ -47,7 +79,54 @@ std::size_t Report::rewriteCount() const {
   return count;
 }
 
-std::string Report::dump() const { return doc_.dump(2) + "\n"; }
+namespace {
+
+// `value` pretty-printed as it would be `depth` levels down in a document printed with dump(2): every line after the
+// first is indented by two spaces a level. (A line break in a printed string is escaped, so every '\n' is a line's.)
+std::string dumpAtDepth(const nlohmann::json& value, int depth) {
+  const std::string text = value.dump(2);
+  const std::string indent(static_cast<std::size_t>(2 * depth), ' ');
+  std::string out;
+  out.reserve(text.size() + text.size() / 8);
+  for (char c : text) {
+    out += c;
+    if (c == '\n') out += indent;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Report::dump() const {
+  if (records_.empty()) return doc_.dump(2) + "\n";
+  // What doc_.dump(2) would print with every record in place, written key by key.
+  std::string out = "{";
+  bool firstKey = true;
+  for (const auto& [key, value] : doc_.items()) {
+    out += firstKey ? "\n  " : ",\n  ";
+    firstKey = false;
+    out += nlohmann::json(key).dump() + ": ";
+    auto pending = records_.find(key);
+    if (pending == records_.end()) {
+      out += dumpAtDepth(value, 1);
+      continue;
+    }
+    auto record = pending->second.begin();
+    out += "[";
+    for (std::size_t i = 0; i < value.size(); ++i) {
+      out += i == 0 ? "\n    " : ",\n    ";
+      if (record != pending->second.end() && record->first == i) {
+        out += dumpAtDepth(record->second.toJson(), 2);
+        ++record;
+      } else {
+        out += dumpAtDepth(value[i], 2);
+      }
+    }
+    out += "\n  ]";
+  }
+  out += "\n}\n";
+  return out;
+}
 
 void Report::write(const std::string& path) const { writeFileAtomically(path, dump()); }
 

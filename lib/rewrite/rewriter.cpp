@@ -303,7 +303,13 @@ void Rewriter::markDirty(Graph& graph) {
 
 void Rewriter::record(const std::string& section, nlohmann::json entry) {
   if (rule_) entry["rule"] = rule_->name();
-  recorded_.emplace_back(section, report_.section(section).size());
+  recorded_.emplace_back(section, report_.sectionSize(section));
+  report_.add(section, std::move(entry));
+}
+
+void Rewriter::record(const std::string& section, ReportRecord entry) {
+  if (rule_) entry.setText("rule", rule_->name());
+  recorded_.emplace_back(section, report_.sectionSize(section));
   report_.add(section, std::move(entry));
 }
 

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "batch_norm.h"
+#include "bnfold/report/report_record.h"
 #include "bnfold/rewrite/rule.h"
 #include "kernels/fold_math.h"
 
@@ -44,6 +45,10 @@ std::optional<InferenceBatchNorm> readInferenceBatchNorm(const Node& bn, const R
                                                          PerElementParams perElement, MatchFailure* whyNot);
 
 /// {"bn", "graph", "bn_form", "gamma", "beta", "mean", "var", "epsilon"}: what a report entry says about the BN.
-nlohmann::json describeBatchNorm(const Node& bn, const InferenceBatchNorm& params);
+/// The record has room for the fields a fold or a decomposition adds.
+ReportRecord describeBatchNorm(const Node& bn, const InferenceBatchNorm& params);
+
+/// Sets `key` to `text`, or to null when `text` is null (an optional input such as a bias).
+void setTextOrNull(ReportRecord& record, ReportRecord::Key key, const std::string* text);
 
 }  // namespace bnfold::rules

@@ -131,16 +131,16 @@ class DecomposeBatchNorm final : public Rule {
                                     broadcastAttributes());
     Node* add = rewriter.createNode(&bn, "Add", {mul->output(0), shift}, {valueBase + "_shifted"}, bn.name() + "/add",
                                     broadcastAttributes());
-    nlohmann::json entry = describeBatchNorm(bn, match.params);
+    ReportRecord entry = describeBatchNorm(bn, match.params);
     rewriter.replaceValueKeepingName(y, add->output(0));
-    entry["mul"] = mul->name();
-    entry["add"] = add->name();
-    entry["scale_tensor"] = scale->name();
-    entry["shift_tensor"] = shift->name();
-    entry["constant_dims"] = match.constantDims;
-    if (match.legacyBroadcast) entry["broadcast_axis"] = 1;
-    entry["scale"] = match.params.affine.scale;
-    entry["shift"] = match.params.affine.shift;
+    entry.setText("mul", mul->name());
+    entry.setText("add", add->name());
+    entry.setText("scale_tensor", scale->name());
+    entry.setText("shift_tensor", shift->name());
+    entry.setJson("constant_dims", match.constantDims);
+    if (match.legacyBroadcast) entry.setInteger("broadcast_axis", 1);
+    entry.setNumbers("scale", match.params.affine.scale);
+    entry.setNumbers("shift", match.params.affine.shift);
     rewriter.record("decomposed", std::move(entry));
   }
 };

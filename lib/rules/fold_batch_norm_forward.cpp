@@ -157,18 +157,19 @@ class FoldBatchNormForward final : public Rule {
     auto& match = static_cast<ForwardFold&>(base);
     const AffineLayer& layer = match.layer;
     const kernels::ChannelAffine affine = repeatPerFeature(match.params.affine, match.featuresPerChannel);
-    nlohmann::json entry = describeBatchNorm(*match.bn, match.params);
-    entry["direction"] = "forward";
+    ReportRecord entry = describeBatchNorm(*match.bn, match.params);
+    entry.setText("direction", "forward");
     if (match.flatten) {
-      entry["path"] = nlohmann::json::array({{{"node", match.flatten->name()}, {"op", match.flatten->opType()}}});
-      entry["features_per_channel"] = match.featuresPerChannel;
+      entry.setJson("path", nlohmann::json::array({{{"node", match.flatten->name()}, {"op", match.flatten->opType()}}}));
+      entry.setInteger("features_per_channel", match.featuresPerChannel);
     }
-    entry["into"] = layer.node->name();
-    entry["into_op"] = layer.node->opType();
-    entry["weight_before"] = layer.weightValue->name();
-    entry["bias_before"] = layer.biasValue ? nlohmann::json(layer.biasValue->name()) : nlohmann::json();
-    entry["bias_after"] = entry["bias_before"];
-    entry["bias_created"] = false;
+    entry.setText("into", layer.node->name());
+    entry.setText("into_op", layer.node->opType());
+    entry.setText("weight_before", layer.weightValue->name());
+    const std::string* biasBefore = layer.biasValue ? &layer.biasValue->name() : nullptr;
+    setTextOrNull(entry, "bias_before", biasBefore);
+    setTextOrNull(entry, "bias_after", biasBefore);
+    entry.setBool("bias_created", false);
 
     if (match.foldShift) {
       // The shift, pushed through the original weights, is a constant per output channel.
@@ -181,13 +182,13 @@ class FoldBatchNormForward final : public Rule {
       }
       const std::vector<double> ones(response.size(), 1.0);
       if (auto bias = foldedBias(layer, {ones, response})) {
-        entry["bias_after"] = writeBias(rewriter, layer, *bias);
-        entry["bias_created"] = layer.biasValue == nullptr;
+        entry.setText("bias_after", writeBias(rewriter, layer, *bias));
+        entry.setBool("bias_created", layer.biasValue == nullptr);
         // Before opset 7 Gemm broadcasts C only when told to.
         if (layer.isGemm() && modelOpset(rewriter) < kNumpyBroadcastOpset) rewriter.setAttribute(layer.node, intAttribute("broadcast", 1));
       }
     }
-    entry["weight_after"] = writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded");
+    entry.setText("weight_after", writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded"));
     removeBatchNorm(match, rewriter);
     rewriter.record("folds", std::move(entry));
   }
@@ -201,21 +202,21 @@ class FoldBatchNormForward final : public Rule {
 
   /// A 2-D MatMul whose input gets a shift needs a bias: it becomes Gemm(F(X), W', response).
   static void foldIntoMatMulAsGemm(const ForwardFold& match, const kernels::ChannelAffine& affine,
-                                   const std::vector<double>& response, Rewriter& rewriter, nlohmann::json& entry) {
+                                   const std::vector<double>& response, Rewriter& rewriter, ReportRecord& entry) {
     const AffineLayer& layer = match.layer;
     const Node* matMul = layer.node;
-    entry["weight_after"] = writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded");
+    entry.setText("weight_after", writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded"));
     Value* bias = addTensor(rewriter, *matMul, layer.type(), {layer.outputChannels}, response, matMul->name() + "_bias");
     std::vector<onnx::AttributeProto> attributes;
     if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));  // C broadcasts only if told
     const Node* gemm = rewriter.createNode(matMul, "Gemm", {matMul->input(0), matMul->input(1), bias},
                                            {matMul->output(0)->name()}, matMul->name() + "_gemm", std::move(attributes));
-    entry["replaced_node"] = matMul->name();
-    entry["replaced_op"] = "MatMul";
-    entry["into"] = gemm->name();
-    entry["into_op"] = "Gemm";
-    entry["bias_after"] = bias->name();
-    entry["bias_created"] = true;
+    entry.setText("replaced_node", matMul->name());
+    entry.setText("replaced_op", "MatMul");
+    entry.setText("into", gemm->name());
+    entry.setText("into_op", "Gemm");
+    entry.setText("bias_after", bias->name());
+    entry.setBool("bias_created", true);
     rewriter.replaceValueKeepingName(matMul->output(0), gemm->output(0));
     removeBatchNorm(match, rewriter);
     rewriter.record("folds", std::move(entry));

@@ -18,6 +18,8 @@
 // keep working. The layout ops stay.
 
 #include <algorithm>
+#include <optional>
+#include <string>
 
 #include "affine_layer.h"
 #include "batch_norm.h"
@@ -236,12 +238,12 @@ class FoldBatchNormIntoLayer final : public Rule {
     nlohmann::json path = nlohmann::json::array();
     for (const Node* step : match.path.steps) path.push_back({{"node", step->name()}, {"op", step->opType()}});
     for (const LayerPart& part : match.parts) {
-      nlohmann::json entry = describeBatchNorm(bn, match.params);
-      entry["direction"] = "backward";
-      entry["path"] = path;
+      ReportRecord entry = describeBatchNorm(bn, match.params);
+      entry.setText("direction", "backward");
+      entry.setJson("path", path);
       if (match.concat) {
-        entry["split_by"] = match.concat->name();
-        entry["channels"] = {part.begin, part.end};
+        entry.setText("split_by", match.concat->name());
+        entry.setJson("channels", {part.begin, part.end});
       }
       foldIntoLayer(rewriter, part, sliceOf(match.params.affine, part.begin, part.end), entry);
       rewriter.record("folds", std::move(entry));
@@ -252,15 +254,16 @@ class FoldBatchNormIntoLayer final : public Rule {
 
  private:
   static void foldIntoLayer(Rewriter& rewriter, const LayerPart& part, const kernels::ChannelAffine& affine,
-                            nlohmann::json& entry) {
+                            ReportRecord& entry) {
     const AffineLayer& layer = part.layer;
     const Node* into = layer.node;
-    entry["weight_before"] = layer.weightValue->name();
-    entry["bias_before"] = layer.biasValue ? nlohmann::json(layer.biasValue->name()) : nlohmann::json();
+    entry.setText("weight_before", layer.weightValue->name());
+    std::optional<std::string> biasAfter;
+    if (layer.biasValue) biasAfter = layer.biasValue->name();
+    setTextOrNull(entry, "bias_before", biasAfter ? &*biasAfter : nullptr);
     // W' = W * k per output channel, always into a new initializer (W may be shared).
-    entry["weight_after"] = writeScaledWeight(rewriter, layer, ChannelSide::Output, affine.scale, "_folded");
+    entry.setText("weight_after", writeScaledWeight(rewriter, layer, ChannelSide::Output, affine.scale, "_folded"));
 
-    nlohmann::json biasAfter = entry["bias_before"];
     bool biasCreated = false;
     const Value* output = into->output(0);
     if (part.needsBias && layer.outputRank == 2) {
@@ -271,8 +274,8 @@ class FoldBatchNormIntoLayer final : public Rule {
       if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));  // C broadcasts only if told
       const Node* gemm = rewriter.createNode(into, "Gemm", {into->input(0), into->input(1), bias}, {output->name()},
                                              into->name() + "_gemm", std::move(attributes));
-      entry["replaced_node"] = into->name();
-      entry["replaced_op"] = into->opType();
+      entry.setText("replaced_node", into->name());
+      entry.setText("replaced_op", into->opType());
       // The Gemm's output takes over the MatMul's value (and name); the MatMul goes.
       rewriter.replaceValueKeepingName(output, gemm->output(0));
       into = gemm;
@@ -288,7 +291,7 @@ class FoldBatchNormIntoLayer final : public Rule {
       const Node* add = rewriter.createNode(reader.node, "Add", {output, bias}, {output->name() + "_biased"},
                                             into->name() + "_bias_add", std::move(attributes));
       rewriter.setInput(reader.node, reader.slot, add->output(0));
-      entry["bias_node"] = add->name();
+      entry.setText("bias_node", add->name());
       biasAfter = bias->name();
       biasCreated = true;
     } else if (!layer.isMatMul()) {
@@ -298,10 +301,10 @@ class FoldBatchNormIntoLayer final : public Rule {
         if (layer.isGemm() && modelOpset(rewriter) < kNumpyBroadcastOpset) rewriter.setAttribute(into, intAttribute("broadcast", 1));
       }
     }
-    entry["into"] = into->name();
-    entry["into_op"] = into->opType();
-    entry["bias_after"] = biasAfter;
-    entry["bias_created"] = biasCreated;
+    entry.setText("into", into->name());
+    entry.setText("into_op", into->opType());
+    setTextOrNull(entry, "bias_after", biasAfter ? &*biasAfter : nullptr);
+    entry.setBool("bias_created", biasCreated);
   }
 };
 

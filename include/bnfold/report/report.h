@@ -4,10 +4,14 @@
 /// BatchNormalization nodes were left in place and why. The format is documented in README.md and
 /// schema/report.schema.json.
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "bnfold/report/report_record.h"
 
 namespace bnfold {
 
@@ -35,22 +39,36 @@ class Report {
 
   /// Appends `entry` to `section` (one of kReportSections, or a new one).
   void add(const std::string& section, nlohmann::json entry);
+  /// Appends `record` to `section`. It is turned into JSON only when the section is read or the report written
+  /// (see ReportRecord for why).
+  void add(const std::string& section, ReportRecord record);
   const nlohmann::json& section(const std::string& name) const;
+  /// The number of entries in `section`, without turning records into JSON.
+  std::size_t sectionSize(const std::string& name) const;
   /// Entry `index` of `section`, to be completed (the driver adds a rewrite's "verify" object).
-  nlohmann::json& entry(const std::string& section, std::size_t index) { return doc_.at(section).at(index); }
+  nlohmann::json& entry(const std::string& section, std::size_t index);
   /// The run's "verification" summary (present only when --verify was given).
   void setVerification(nlohmann::json summary) { doc_["verification"] = std::move(summary); }
+  /// True when the run verified its rewrites (setVerification was called), so entries may hold verdicts.
+  bool hasVerification() const { return doc_.contains("verification"); }
   /// Entries in every section but "skipped" and "graph_reordered": the rewrites done.
   std::size_t rewriteCount() const;
 
-  const nlohmann::json& json() const { return doc_; }
-  /// Pretty-printed JSON with a trailing newline.
+  const nlohmann::json& json() const;
+  /// Pretty-printed JSON with a trailing newline. Records are turned into JSON one at a time, so the whole report is
+  /// never held as a tree.
   std::string dump() const;
   /// Writes the report atomically.
   void write(const std::string& path) const;
 
  private:
-  nlohmann::json doc_;
+  /// Turns the records of `section` into JSON in doc_.
+  void materialize(const std::string& section) const;
+
+  // Both mutable: reading a section turns its records into JSON, which changes how it is held, not what it holds.
+  mutable nlohmann::json doc_;  // a record's place in its section's array holds null until then
+  // Records not yet in doc_, by section: (index in the section's array, record).
+  mutable std::map<std::string, std::vector<std::pair<std::size_t, ReportRecord>>, std::less<>> records_;
 };
 
 }  // namespace bnfold

@@ -74,6 +74,8 @@ class Rewriter {
 
   /// Appends an entry to a report section, tagged with the current rule's name.
   void record(const std::string& section, nlohmann::json entry);
+  /// The same for an entry kept as a record (for the entries a large model has thousands of, like folds).
+  void record(const std::string& section, ReportRecord entry);
   /// Where the entries recorded since the last call went: (section, index in it).
   std::vector<std::pair<std::string, std::size_t>> takeRecorded();
 
