@@ -106,7 +106,7 @@ std::optional<InferenceBatchNorm> readInferenceBatchNorm(const Node& bn, const R
 }
 
 ReportRecord describeBatchNorm(const Node& bn, const InferenceBatchNorm& params) {
-  // Room for a fold's 20 fields, its names and the four parameter arrays.
+  // Room for a fold's fields (up to 23), its names and the four parameter arrays.
   ReportRecord entry(24, 256, 4 * params.gamma.size());
   entry.setText("bn", bn.name());
   entry.setText("graph", bn.graph()->name());

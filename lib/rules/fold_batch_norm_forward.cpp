@@ -160,7 +160,8 @@ class FoldBatchNormForward final : public Rule {
     ReportRecord entry = describeBatchNorm(*match.bn, match.params);
     entry.setText("direction", "forward");
     if (match.flatten) {
-      entry.setJson("path", nlohmann::json::array({{{"node", match.flatten->name()}, {"op", match.flatten->opType()}}}));
+      entry.setJson("path",
+                    nlohmann::json::array({{{"node", match.flatten->name()}, {"op", match.flatten->opType()}}}));
       entry.setInteger("features_per_channel", match.featuresPerChannel);
     }
     entry.setText("into", layer.node->name());

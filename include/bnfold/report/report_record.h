@@ -61,7 +61,8 @@ class ReportRecord {
       bool flag;
       int64_t integer;
       double number;
-      Span span;  // Text: into text_; Numbers: into numbers_; Json: offset into json_ (a report entry is far below 4 GB)
+      // Text: into text_; Numbers: into numbers_; Json: offset into json_ (a report entry is far below 4 GB)
+      Span span;
     };
     Kind kind;
   };
