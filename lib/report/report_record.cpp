@@ -11,7 +11,7 @@ ReportRecord::ReportRecord(std::size_t fields, std::size_t textBytes, std::size_
 }
 
 ReportRecord::Field& ReportRecord::field(Key key) {
-  // Records have a few dozen fields at most; a search in order is what a lookup costs here.
+  // A record has a few dozen fields at most, so a search in order is cheap.
   for (Field& existing : fields_)
     if (std::strcmp(existing.key, key.name()) == 0) return existing;
   Field& added = fields_.emplace_back();
