@@ -28,15 +28,16 @@ void Report::setReorderedGraphs(const std::vector<ReorderedGraph>& graphs) {
   doc_[kReorderedSection] = std::move(entries);
 }
 
-void Report::add(const std::string& section, nlohmann::json entry) {
+nlohmann::json& Report::sectionArray(const std::string& section) {
   auto& array = doc_[section];
   if (array.is_null()) array = nlohmann::json::array();
-  array.push_back(std::move(entry));
+  return array;
 }
 
+void Report::add(const std::string& section, nlohmann::json entry) { sectionArray(section).push_back(std::move(entry)); }
+
 void Report::add(const std::string& section, ReportRecord record) {
-  auto& array = doc_[section];
-  if (array.is_null()) array = nlohmann::json::array();
+  auto& array = sectionArray(section);
   records_[section].emplace_back(array.size(), std::move(record));
   array.push_back(nullptr);
 }

@@ -62,6 +62,8 @@ class Report {
   void write(const std::string& path) const;
 
  private:
+  /// The array of `section`, made empty when the report has none yet (a section a newer rule adds).
+  nlohmann::json& sectionArray(const std::string& section);
   /// Turns the records of `section` into JSON in doc_.
   void materialize(const std::string& section) const;
 
