@@ -46,6 +46,11 @@ void ReportRecord::setBool(Key key, bool flag) {
 
 void ReportRecord::setNull(Key key) { field(key).kind = Kind::Null; }
 
+void ReportRecord::setTextOrNull(Key key, const std::string* text) {
+  if (text) setText(key, *text);
+  else setNull(key);
+}
+
 void ReportRecord::setNumbers(Key key, const std::vector<double>& numbers) {
   Field& target = field(key);
   target.kind = Kind::Numbers;

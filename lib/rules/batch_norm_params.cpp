@@ -119,9 +119,4 @@ ReportRecord describeBatchNorm(const Node& bn, const InferenceBatchNorm& params)
   return entry;
 }
 
-void setTextOrNull(ReportRecord& record, ReportRecord::Key key, const std::string* text) {
-  if (text) record.setText(key, *text);
-  else record.setNull(key);
-}
-
 }  // namespace bnfold::rules

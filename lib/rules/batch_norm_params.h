@@ -48,7 +48,4 @@ std::optional<InferenceBatchNorm> readInferenceBatchNorm(const Node& bn, const R
 /// The record has room for the fields a fold or a decomposition adds.
 ReportRecord describeBatchNorm(const Node& bn, const InferenceBatchNorm& params);
 
-/// Sets `key` to `text`, or to null when `text` is null (an optional input such as a bias).
-void setTextOrNull(ReportRecord& record, ReportRecord::Key key, const std::string* text);
-
 }  // namespace bnfold::rules

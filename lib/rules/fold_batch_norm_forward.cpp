@@ -168,8 +168,8 @@ class FoldBatchNormForward final : public Rule {
     entry.setText("into_op", layer.node->opType());
     entry.setText("weight_before", layer.weightValue->name());
     const std::string* biasBefore = layer.biasValue ? &layer.biasValue->name() : nullptr;
-    setTextOrNull(entry, "bias_before", biasBefore);
-    setTextOrNull(entry, "bias_after", biasBefore);
+    entry.setTextOrNull("bias_before", biasBefore);
+    entry.setTextOrNull("bias_after", biasBefore);
     entry.setBool("bias_created", false);
 
     if (match.foldShift) {

@@ -260,7 +260,7 @@ class FoldBatchNormIntoLayer final : public Rule {
     entry.setText("weight_before", layer.weightValue->name());
     std::optional<std::string> biasAfter;
     if (layer.biasValue) biasAfter = layer.biasValue->name();
-    setTextOrNull(entry, "bias_before", biasAfter ? &*biasAfter : nullptr);
+    entry.setTextOrNull("bias_before", biasAfter ? &*biasAfter : nullptr);
     // W' = W * k per output channel, always into a new initializer (W may be shared).
     entry.setText("weight_after", writeScaledWeight(rewriter, layer, ChannelSide::Output, affine.scale, "_folded"));
 
@@ -303,7 +303,7 @@ class FoldBatchNormIntoLayer final : public Rule {
     }
     entry.setText("into", into->name());
     entry.setText("into_op", into->opType());
-    setTextOrNull(entry, "bias_after", biasAfter ? &*biasAfter : nullptr);
+    entry.setTextOrNull("bias_after", biasAfter ? &*biasAfter : nullptr);
     entry.setBool("bias_created", biasCreated);
   }
 };

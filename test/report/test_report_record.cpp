@@ -27,6 +27,9 @@ ReportRecord foldRecord(const std::string& bn, double epsilon) {
   record.setInteger("features_per_channel", int64_t{1} << 40);
   record.setBool("bias_created", true);
   record.setNull("bias_before");
+  const std::string weight = "w_folded";
+  record.setTextOrNull("weight_after", &weight);
+  record.setTextOrNull("bias_after", nullptr);
   record.setJson("path", nlohmann::json::array({{{"node", "t"}, {"op", "Transpose"}}}));
   record.setNumbers("empty", {});
   return record;
@@ -40,6 +43,8 @@ nlohmann::json foldJson(const std::string& bn, double epsilon) {
           {"features_per_channel", int64_t{1} << 40},
           {"bias_created", true},
           {"bias_before", nullptr},
+          {"weight_after", "w_folded"},
+          {"bias_after", nullptr},
           {"path", nlohmann::json::array({{{"node", "t"}, {"op", "Transpose"}}})},
           {"empty", nlohmann::json::array()}};
 }

@@ -39,6 +39,8 @@ class ReportRecord {
   void setInteger(Key key, int64_t integer);
   void setBool(Key key, bool flag);
   void setNull(Key key);
+  /// Text, or null when `text` is null (an optional input such as a bias).
+  void setTextOrNull(Key key, const std::string* text);
   /// A JSON array of numbers.
   void setNumbers(Key key, const std::vector<double>& numbers);
   /// Any other JSON value (nested objects, arrays of strings): kept as it is.
