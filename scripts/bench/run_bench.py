@@ -777,8 +777,8 @@ def parse_args():
     if args.runs < 1 or args.warmup < 0 or args.scaling_blocks < 1:
         parser.error("--runs and --scaling-blocks must be positive, --warmup non-negative")
     if args.scaling_runs is None:
-        # A 1,000-block rules phase lasts a few milliseconds, and on a shared VM a third of such runs can take half
-        # as long again: the ratio of medians needs more runs than the whole-model timings do to settle.
+        # A 1,000-block rules phase lasts a few milliseconds, and on a shared VM many such runs take 1.5-2.5 times
+        # as long as the fastest: the ratio of medians needs more runs than the whole-model timings do to settle.
         args.scaling_runs = args.runs if args.quick else max(args.runs, 21)
     args.build_dir = args.build_dir.resolve()
     args.out_dir = args.out_dir.resolve()
