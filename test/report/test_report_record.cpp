@@ -91,6 +91,23 @@ TEST_CASE("setting a record's field again replaces it, as json's operator[] does
         nlohmann::json{{"bias_after", "b0_folded"}, {"bias_before", "b"}, {"gamma", {2.0, 3.0}}});
 }
 
+TEST_CASE("a record tells fields apart by their whole names, wherever the names are stored", "[report]") {
+  ReportRecord record;
+  record.setText("bias", "b");         // a prefix of the next name
+  record.setText("bias_after", "b1");  // as long as bias_before
+  record.setText("bias_before", "b0");
+  record.setText("into", "conv");  // as long as "beta"
+  record.setNumber("beta", 0.5);
+  // The same names from other arrays (not the literals above): they name the same fields.
+  const char biasAfter[] = {'b', 'i', 'a', 's', '_', 'a', 'f', 't', 'e', 'r', '\0'};
+  char into[16] = "into";  // a shorter name than the array holds
+  record.setText(biasAfter, "b2");
+  record.setText(into, "gemm");
+  CHECK(record.size() == 5);
+  CHECK(record.toJson() == nlohmann::json{{"bias", "b"}, {"bias_after", "b2"}, {"bias_before", "b0"}, {"into", "gemm"},
+                                          {"beta", 0.5}});
+}
+
 TEST_CASE("a report with records prints and reads as it does with the same entries as JSON", "[report]") {
   Report withRecords, withJson;
   fillBoth(withRecords, withJson);

@@ -22,11 +22,14 @@ class ReportRecord {
   class Key {
    public:
     template <std::size_t N>
-    constexpr Key(const char (&name)[N]) : name_(name) {}  // NOLINT(google-explicit-constructor): literals only
+    constexpr Key(const char (&name)[N])  // NOLINT(google-explicit-constructor): literals only
+        : name_(name), length_(static_cast<std::uint32_t>(std::char_traits<char>::length(name))) {}
     const char* name() const { return name_; }
+    std::uint32_t length() const { return length_; }
 
    private:
     const char* name_;
+    std::uint32_t length_;
   };
 
   ReportRecord() = default;
@@ -67,6 +70,7 @@ class ReportRecord {
       Span span;
     };
     Kind kind;
+    std::uint32_t keyLength;  // compared first: most fields a setter passes by differ in it
   };
   Field& field(Key key);
 
