@@ -11,8 +11,8 @@ ReportRecord::ReportRecord(std::size_t fields, std::size_t textBytes, std::size_
 }
 
 ReportRecord::Field& ReportRecord::field(Key key) {
-  // A record has a few dozen fields at most, so a search in order is cheap, when a field of another name costs a
-  // comparison of lengths: a fold's record of 23 fields compared by strcmp was 8% of the rules phase.
+  // A record has a few dozen fields at most: a search in order is cheap when a field of another name costs one
+  // comparison of lengths (by strcmp, the searches of a fold's record of 23 fields were 7% of the rules phase).
   for (Field& existing : fields_)
     if (existing.keyLength == key.length() && std::memcmp(existing.key, key.name(), key.length()) == 0)
       return existing;

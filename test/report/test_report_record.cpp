@@ -93,12 +93,12 @@ TEST_CASE("setting a record's field again replaces it, as json's operator[] does
 
 TEST_CASE("a record tells fields apart by their whole names, wherever the names are stored", "[report]") {
   ReportRecord record;
-  record.setText("bias", "b");         // a prefix of the next name
-  record.setText("bias_after", "b1");  // as long as bias_before
+  record.setText("bias", "b");  // a prefix of the next two names
+  record.setText("bias_after", "b1");
   record.setText("bias_before", "b0");
   record.setText("into", "conv");  // as long as "beta"
   record.setNumber("beta", 0.5);
-  // The same names from other arrays (not the literals above): they name the same fields.
+  // The same names from other arrays (not the literals above) name the same fields, which keep the literals as keys.
   const char biasAfter[] = {'b', 'i', 'a', 's', '_', 'a', 'f', 't', 'e', 'r', '\0'};
   char into[16] = "into";  // a shorter name than the array holds
   record.setText(biasAfter, "b2");
