@@ -468,23 +468,31 @@ def bench_scaling(args):
     # phase took 12 ms on one core and 6.7 ms on the other, and 10,000 blocks about the same on both): unpinned runs
     # of the small model then fall into two groups, and their median says which core they happened to get.
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if rule_phase_tool.exists() and len(cores) > 1 and shutil.which("taskset"):
-        cache_modes["pinned"] = []
+    if not (rule_phase_tool.exists() and len(cores) > 1 and shutil.which("taskset")):
+        cores = []
     for blocks in sizes:
         runs[blocks].update({f"phase_{mode}": [] for mode in cache_modes})
+        if cores:
+            runs[blocks]["phase_pinned"] = []  # (core, seconds)
+
+    def rule_phase(blocks, extra, pin=()):
+        run = subprocess.run([*pin, rule_phase_tool, paths[blocks], *extra], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        match = re.search(r"rules ([0-9.]+) s", run.stdout)
+        if run.returncode != 0 or not match:
+            fail(f"{rule_phase_tool} {paths[blocks]} failed: {run.stderr.strip()[:300]}")
+        return float(match.group(1))
+
     # N and 10N take turns, so that both sizes see the same conditions on a machine whose speed drifts.
     for iteration in range(args.warmup + args.scaling_runs):
         core = cores[iteration % len(cores)] if cores else None
         for blocks in sizes:
-            for mode, extra in cache_modes.items():
-                pin = ["taskset", "-c", str(core)] if mode == "pinned" else []
-                run = subprocess.run(pin + [rule_phase_tool, paths[blocks]] + extra, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-                match = re.search(r"rules ([0-9.]+) s", run.stdout)
-                if run.returncode != 0 or not match:
-                    fail(f"{rule_phase_tool} {paths[blocks]} failed: {run.stderr.strip()[:300]}")
-                if iteration >= args.warmup:
-                    runs[blocks][f"phase_{mode}"].append((core, float(match.group(1))))
+            timed = {mode: rule_phase(blocks, extra) for mode, extra in cache_modes.items()}
+            if core is not None:
+                timed["pinned"] = (core, rule_phase(blocks, [], ["taskset", "-c", str(core)]))
+            if iteration >= args.warmup:
+                for mode, result in timed.items():
+                    runs[blocks][f"phase_{mode}"].append(result)
             for key, extra in (("default", []), ("none", ["--rules", "none"])):
                 clear_folder(scratch)
                 argv = [bnfold, "fold", paths[blocks], "-o", scratch / "model.onnx", "-q"] + extra
@@ -504,12 +512,11 @@ def bench_scaling(args):
         entry = {"blocks": blocks, "nodes": sum(counts.values()), "bytes": path.stat().st_size,
                  "bn_in": counts.get("BatchNormalization", 0), "bn_out": bn_left[blocks]}
         for mode in cache_modes:
-            phase_runs = runs[blocks].pop(f"phase_{mode}")
-            if mode == "pinned":
-                entry["rule_phase_by_core"] = {core: statistics.median(t for c, t in phase_runs if c == core)
-                                               for core in sorted({c for c, _ in phase_runs})}
-            else:
-                entry[f"rule_phase_{mode}"] = statistics.median(t for _, t in phase_runs)
+            entry[f"rule_phase_{mode}"] = statistics.median(runs[blocks].pop(f"phase_{mode}"))
+        if cores:
+            pinned = runs[blocks].pop("phase_pinned")
+            entry["rule_phase_by_core"] = {core: statistics.median(t for c, t in pinned if c == core)
+                                           for core in sorted({c for c, _ in pinned})}
         for key, key_runs in runs[blocks].items():
             entry[f"{key}_wall"] = statistics.median(r.wall for r in key_runs)
             entry[f"{key}_cpu"] = statistics.median(r.cpu for r in key_runs)
@@ -535,10 +542,9 @@ def bench_scaling(args):
     results["ratio_key"] = key
     results["ratio"] = big[key] / small[key] if small[key] > 0 else None
     results["ratio_wall"] = big["rule_wall"] / small["rule_wall"] if small["rule_wall"] > 0 else None
-    for mode in ("cached", "emptied"):
-        if mode in cache_modes:
-            results[f"ratio_caches_{mode}"] = big[f"rule_phase_{mode}"] / small[f"rule_phase_{mode}"]
-    if "pinned" in cache_modes:
+    for mode in cache_modes:
+        results[f"ratio_caches_{mode}"] = big[f"rule_phase_{mode}"] / small[f"rule_phase_{mode}"]
+    if cores:
         by_core = {core: big["rule_phase_by_core"][core] / small["rule_phase_by_core"][core]
                    for core in small["rule_phase_by_core"]}
         results["ratio_by_core"] = by_core
