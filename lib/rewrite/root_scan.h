@@ -46,6 +46,8 @@ class RootScan : public RewriteListener {
   };
   /// Passes the node at the scan's place, keeping it in `passed_` if it is a root.
   void pass();
+  /// Asks for the memory the rules will read of the nodes a few places after the scan's (see root_scan.cpp).
+  void prefetchAhead() const;
   /// Moves the scan's place to the next graph's first node while it stands at a graph's end.
   void skipFinishedGraphs();
   std::size_t graphIndex(const Graph* graph) const;
