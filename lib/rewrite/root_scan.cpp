@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "ir/prefetch.h"
+
 namespace bnfold {
 
 namespace {
@@ -13,18 +15,9 @@ namespace {
 // kilobyte or so after its first line: the scan asks for those lines whole, some nodes ahead, without following their
 // pointers. Two distances, because the tensors are found through the values, which must be in the cache by then.
 constexpr int kValueDistance = 8;   // nodes ahead of the scan: the node's proto lines and its values
-constexpr int kTensorDistance = 4;  // nodes ahead: its inputs' names and initializer tensors
+constexpr int kTensorDistance = 4;  // nodes ahead: its values' names and name-table entries, its initializer tensors
 constexpr int kProtoLines = 16;     // on the benchmark's chain a Conv's proto to its last attribute's name spans 16
 constexpr int kTensorLines = 8;     // and a small initializer's Tensor, TensorProto and bytes 528 bytes
-constexpr int kLineBytes = 64;
-
-void prefetchLines(const void* start, int lines) {
-  const char* bytes = static_cast<const char*>(start);
-  for (int line = 0; line < lines; ++line) __builtin_prefetch(bytes + line * kLineBytes);
-  // GCC takes a function that only prefetches for one that does nothing and drops the calls to it: this empty asm is
-  // an effect it has to keep.
-  asm volatile("" : : "r"(bytes));
-}
 
 void prefetchValues(const Node& node) {
   prefetchLines(&node.proto(), kProtoLines);
@@ -37,11 +30,15 @@ void prefetchValues(const Node& node) {
 void prefetchTensors(const Node& node) {
   for (const Value* input : node.inputs()) {
     if (!input) continue;
-    prefetchLines(input->name().data(), 1);
+    prefetchLines(input->name().data());
+    input->graph()->prefetchNameEntry(*input);
     if (const Tensor* tensor = input->initializer()) prefetchLines(tensor, kTensorLines);
   }
-  for (const Value* output : node.outputs())
-    if (output) prefetchLines(output->name().data(), 1);
+  for (const Value* output : node.outputs()) {
+    if (!output) continue;
+    prefetchLines(output->name().data());
+    output->graph()->prefetchNameEntry(*output);  // a fold's result gives its name (and entry) to its input
+  }
 }
 
 }  // namespace

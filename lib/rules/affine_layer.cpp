@@ -162,9 +162,21 @@ Value* addTensor(Rewriter& rewriter, const Node& anchor, DataType type, std::vec
   return rewriter.addInitializer(*anchor.graph(), Tensor::fromDoubles("", type, std::move(dims), values), nameHint);
 }
 
+std::string biasNameHint(const AffineLayer& layer) {
+  return layer.biasValue ? layer.biasValue->name() + "_folded" : layer.node->name() + "_bias";
+}
+
+std::string scaledWeightNameHint(const AffineLayer& layer, const std::string& suffix) {
+  return layer.weightValue->name() + suffix;
+}
+
+void prefetchNewTensorNames(const RuleContext& context, const AffineLayer& layer, const std::string& weightSuffix) {
+  context.model().prefetchValueName(scaledWeightNameHint(layer, weightSuffix));
+  context.model().prefetchValueName(biasNameHint(layer));
+}
+
 std::string writeBias(Rewriter& rewriter, const AffineLayer& layer, const kernels::GemmBiasFold& bias) {
-  const std::string hint = layer.biasValue ? layer.biasValue->name() + "_folded" : layer.node->name() + "_bias";
-  Value* value = addTensor(rewriter, *layer.node, layer.type(), bias.dims, bias.values, hint);
+  Value* value = addTensor(rewriter, *layer.node, layer.type(), bias.dims, bias.values, biasNameHint(layer));
   rewriter.setInput(layer.node, layer.biasSlot, value);
   if (layer.isGemm() && layer.beta != 1.0) {
     onnx::AttributeProto beta;
@@ -185,7 +197,7 @@ std::string writeScaledWeight(Rewriter& rewriter, const AffineLayer& layer, Chan
                                                 : *kernels::inputChannelIndexing(layer.layout, dims);
   auto bytes = scaledChannelBytes(layer.weight->byteSource(), layer.type(), indexing, std::move(scale));
   Value* value = rewriter.addInitializer(*layer.node->graph(), Tensor::deferred("", layer.type(), dims, std::move(bytes)),
-                                         layer.weightValue->name() + suffix);
+                                         scaledWeightNameHint(layer, suffix));
   rewriter.setInput(layer.node, 1, value);
   return value->name();
 }

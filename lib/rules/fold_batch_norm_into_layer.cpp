@@ -51,6 +51,8 @@ struct BatchNormFold : Match {
   std::vector<LayerPart> parts;
 };
 
+constexpr char kFoldedSuffix[] = "_folded";  // of a folded weight's name
+
 std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
 
 bool anyNonZero(const std::vector<double>& values) {
@@ -227,6 +229,7 @@ class FoldBatchNormIntoLayer final : public Rule {
     for (LayerPart& part : match->parts)
       part.needsBias = part.layer.isMatMul() &&
                        anyNonZero({params->affine.shift.begin() + part.begin, params->affine.shift.begin() + part.end});
+    for (const LayerPart& part : match->parts) prefetchNewTensorNames(context, part.layer, kFoldedSuffix);
     match->bn = &bn;
     match->params = std::move(*params);
     return MatchResult::success(std::move(match));
@@ -262,7 +265,7 @@ class FoldBatchNormIntoLayer final : public Rule {
     if (layer.biasValue) biasAfter = layer.biasValue->name();
     entry.setTextOrNull("bias_before", biasAfter ? &*biasAfter : nullptr);
     // W' = W * k per output channel, always into a new initializer (W may be shared).
-    entry.setText("weight_after", writeScaledWeight(rewriter, layer, ChannelSide::Output, affine.scale, "_folded"));
+    entry.setText("weight_after", writeScaledWeight(rewriter, layer, ChannelSide::Output, affine.scale, kFoldedSuffix));
 
     bool biasCreated = false;
     const Value* output = into->output(0);

@@ -226,6 +226,8 @@ class Graph {
 
   /// The value with that name defined in this graph (not its parents), or null.
   Value* findLocal(std::string_view name) const;
+  /// Asks the CPU for the name-table line holding `value`'s entry, for a rewrite about to rename it.
+  void prefetchNameEntry(const Value& value) const { valuesByName_.prefetchEntry(value); }
   /// The value visible under that name here: this graph, then enclosing graphs.
   Value* lookup(std::string_view name) const;
   /// How many values (retired ones included) the graph's name table takes before it grows. Loading leaves room

@@ -71,6 +71,9 @@ class Model {
   std::string uniqueNodeName(const std::string& hint);
   /// A value (tensor) name not used anywhere in the model yet (and reserved from now on).
   std::string uniqueValueName(const std::string& hint);
+  /// Asks the CPU for the lines that uniqueValueName(hint), or a new main-graph value under that name, reads first:
+  /// for a rule that will ask for that name a few microseconds later (see ValueTable::prefetch).
+  void prefetchValueName(const std::string& hint) const;
   /// Whether an initializer of some graph was stored in external data when the model was loaded. Known from the
   /// load: asked after it, every initializer's proto would be read again (a cache miss each in a large model).
   bool usesExternalData() const { return usesExternalData_; }
