@@ -272,7 +272,7 @@ class FoldBatchNormIntoLayer final : public Rule {
     if (part.needsBias && layer.outputRank == 2) {
       // A 2-D MatMul with a bias is a Gemm: Y = Gemm(X, W', shift).
       Value* bias = addTensor(rewriter, *into, layer.type(), {layer.outputChannels}, kernels::foldBias(affine),
-                              into->name() + "_bias");
+                              biasNameHint(layer));  // a MatMul has no bias: its name + "_bias"
       std::vector<onnx::AttributeProto> attributes;
       if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));  // C broadcasts only if told
       const Node* gemm = rewriter.createNode(into, "Gemm", {into->input(0), into->input(1), bias}, {output->name()},
@@ -287,7 +287,7 @@ class FoldBatchNormIntoLayer final : public Rule {
     } else if (part.needsBias) {
       // MatMul with more than two dims: the bias goes into an Add on its last (feature) axis.
       Value* bias = addTensor(rewriter, *into, layer.type(), {layer.outputChannels}, kernels::foldBias(affine),
-                              into->name() + "_bias");
+                              biasNameHint(layer));  // a MatMul has no bias: its name + "_bias"
       const Use reader = output->uses().front();
       std::vector<onnx::AttributeProto> attributes;
       if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));
