@@ -10,7 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 
 namespace bnfold::cli {
 

@@ -1,5 +1,5 @@
 // `bnfold check MODEL...`: a CI gate. Runs the rules `fold` would run, as a dry run that never writes a model;
-// the library turns the run's report into findings (bnfold/report/findings.h), and check formats them.
+// the library turns the run's report into findings (bnfold/check/findings.h), and check formats them.
 
 #include <algorithm>
 #include <cstdio>
@@ -13,9 +13,9 @@
 #include "batch.h"
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
-#include "bnfold/report/findings.h"
+#include "bnfold/check/findings.h"
 #include "bnfold/report/report.h"
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 #include "bnfold/version.h"
 #include "commands.h"
 #include "output.h"

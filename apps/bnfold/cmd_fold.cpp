@@ -16,9 +16,9 @@
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
 #include "bnfold/io/atomic_file.h"
-#include "bnfold/report/findings.h"
+#include "bnfold/check/findings.h"
 #include "bnfold/report/report.h"
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 #include "commands.h"
 #include "output.h"
 

@@ -339,8 +339,6 @@ std::string Model::uniqueNodeName(const std::string& hint) {
 
 std::string Model::uniqueValueName(const std::string& hint) { return claimValueName(hint, true); }
 
-void Model::prefetchValueName(const std::string& hint) const { graph_->valuesByName_.prefetch(hint); }
-
 Value* Model::newValueWithUniqueName(Graph& graph, const std::string& hint) {
   return graph.newValue(claimValueName(hint, &graph != graph_.get()));
 }

@@ -237,9 +237,20 @@ bool isConstantFoldableOp(const Node& node) {
 ConstantEvaluator::ConstantEvaluator(const RuleContext& context) : context_(context) {}
 ConstantEvaluator::~ConstantEvaluator() = default;
 
+void ConstantEvaluator::forgetIfModelChanged() {
+  const uint64_t changes = context_.model().changeCount();
+  if (changes == cachedAtChange_) return;
+  cachedAtChange_ = changes;
+  if (!results_.empty()) results_.clear();
+  if (!failures_.empty()) failures_.clear();
+  if (!tensors_.empty()) tensors_.clear();
+  handedOut_.clear();
+}
+
 const Tensor* ConstantEvaluator::evaluate(const Value& value, MatchFailure* whyNot) {
+  forgetIfModelChanged();
   auto pend = [&](const Value* v) {
-    if (std::find(pending_.begin(), pending_.end(), v) == pending_.end()) pending_.push_back(v);
+    if (std::find(handedOut_.begin(), handedOut_.end(), v) == handedOut_.end()) handedOut_.push_back(v);
   };
   if (auto known = tensors_.find(&value); known != tensors_.end()) {
     pend(&value);
@@ -275,15 +286,15 @@ const Tensor* ConstantEvaluator::evaluate(const Value& value, MatchFailure* whyN
   return tensor;
 }
 
-std::vector<EvaluatedConstant> ConstantEvaluator::takePending() {
+std::vector<EvaluatedConstant> ConstantEvaluator::takeHandedOut() {
   std::vector<EvaluatedConstant> out;
-  for (const Value* value : pending_) {
+  for (const Value* value : handedOut_) {
     auto it = tensors_.find(value);
     if (it == tensors_.end()) continue;
     out.push_back(std::move(it->second));
     tensors_.erase(it);
   }
-  pending_.clear();
+  handedOut_.clear();
   return out;
 }
 

@@ -170,11 +170,6 @@ std::string scaledWeightNameHint(const AffineLayer& layer, const std::string& su
   return layer.weightValue->name() + suffix;
 }
 
-void prefetchNewTensorNames(const RuleContext& context, const AffineLayer& layer, const std::string& weightSuffix) {
-  context.model().prefetchValueName(scaledWeightNameHint(layer, weightSuffix));
-  context.model().prefetchValueName(biasNameHint(layer));
-}
-
 std::string writeBias(Rewriter& rewriter, const AffineLayer& layer, const kernels::GemmBiasFold& bias) {
   Value* value = addTensor(rewriter, *layer.node, layer.type(), bias.dims, bias.values, biasNameHint(layer));
   rewriter.setInput(layer.node, layer.biasSlot, value);

@@ -86,10 +86,6 @@ std::string writeScaledWeight(Rewriter& rewriter, const AffineLayer& layer, Chan
 std::string biasNameHint(const AffineLayer& layer);
 std::string scaledWeightNameHint(const AffineLayer& layer, const std::string& suffix);
 
-/// Asks the CPU for the name-table lines of a new bias and of a scaled weight with `weightSuffix`, for a match whose
-/// rewrite will write them: in a large model those lines come from RAM.
-void prefetchNewTensorNames(const RuleContext& context, const AffineLayer& layer, const std::string& weightSuffix);
-
 /// A new initializer in `anchor`'s graph holding `values` rounded once to `type`.
 Value* addTensor(Rewriter& rewriter, const Node& anchor, DataType type, std::vector<int64_t> dims,
                  const std::vector<double>& values, const std::string& nameHint);

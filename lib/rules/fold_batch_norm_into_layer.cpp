@@ -229,7 +229,6 @@ class FoldBatchNormIntoLayer final : public Rule {
     for (LayerPart& part : match->parts)
       part.needsBias = part.layer.isMatMul() &&
                        anyNonZero({params->affine.shift.begin() + part.begin, params->affine.shift.begin() + part.end});
-    for (const LayerPart& part : match->parts) prefetchNewTensorNames(context, part.layer, kFoldedSuffix);
     match->bn = &bn;
     match->params = std::move(*params);
     return MatchResult::success(std::move(match));

@@ -16,7 +16,7 @@
 #include <onnx/checker.h>
 #include <onnx/shape_inference/implementation.h>
 
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 #include "test_bn_fold_support.h"
 #include "test_support.h"
 

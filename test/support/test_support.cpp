@@ -13,7 +13,7 @@
 #include <catch2/catch.hpp>
 #include <onnx/defs/parser.h>
 
-#include "bnfold/report/findings.h"
+#include "bnfold/check/findings.h"
 
 namespace bnfold::test {
 namespace fs = std::filesystem;

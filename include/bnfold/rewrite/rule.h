@@ -28,6 +28,15 @@ struct Match {
   virtual ~Match() = default;
 };
 
+/// A value a match found constant by evaluating the chain of pure ops behind it (RuleContext::constantOf): its
+/// tensor and the nodes that computed it, in evaluation order. It belongs to the match that asked: applying the
+/// match turns it into an initializer first (Rewriter::apply).
+struct EvaluatedConstant {
+  const Value* value = nullptr;
+  std::unique_ptr<Tensor> tensor;
+  std::vector<const Node*> nodes;
+};
+
 class MatchResult {
  public:
   static MatchResult failure(ReasonCode code, std::string message) {
@@ -44,10 +53,14 @@ class MatchResult {
   bool matched() const { return match_ != nullptr; }
   const MatchFailure& failure() const { return failure_; }
   Match& match() { return *match_; }
+  /// The constants the match evaluated from chains (set by RuleContext::match on success).
+  std::vector<EvaluatedConstant>& evaluatedConstants() { return evaluatedConstants_; }
 
  private:
+  friend class RuleContext;
   std::unique_ptr<Match> match_;
   MatchFailure failure_;
+  std::vector<EvaluatedConstant> evaluatedConstants_;
 };
 
 /// Versions of one ONNX op (the since_version of each of its schemas), ascending.
@@ -70,6 +83,8 @@ struct RuleOptions {
   int64_t maxConstantBytes = int64_t{64} << 20;
 };
 
+class Rule;
+
 /// What a rule sees besides the node: the model and the user's options.
 class RuleContext {
  public:
@@ -87,11 +102,12 @@ class RuleContext {
   /// The constant tensor behind `value` when it is a compile-time constant under the user's options, else
   /// null with `whyNot` (when given) set to a failure saying why (e.g. a graph input fed at run time). A value
   /// computed from constants by a chain of pure ops (Identity, Cast, Reshape, Add(var, eps), ...) counts: it is
-  /// evaluated, and the driver has the rewriter turn it into an initializer when the match that asked succeeds.
+  /// evaluated, and when the match that asked goes through match() below and succeeds, its result carries the
+  /// tensor (MatchResult::evaluatedConstants). What was evaluated is forgotten once the model changes.
   const Tensor* constantOf(const Value* value, MatchFailure* whyNot = nullptr) const;
 
-  /// The evaluator behind constantOf, for the driver (lib/rewrite/constant_eval.h).
-  ConstantEvaluator& constantEvaluator() const { return *evaluator_; }
+  /// Runs `rule`'s match at `root`; a successful result carries the constants the match evaluated.
+  MatchResult match(const Rule& rule, const Node& root) const;
 
  private:
   const Model& model_;
