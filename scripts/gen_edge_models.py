@@ -198,6 +198,17 @@ def bad_tensor_model():
     return model
 
 
+def huge_dims_model():
+    """A weight whose dims multiply past 64 bits: loading refuses it with a message naming the dims."""
+    model = onnx.parser.parse_model(MODELS["fold_gemm_opset6"])
+    for tensor in model.graph.initializer:
+        if tensor.name == "w":
+            del tensor.float_data[:]
+            del tensor.dims[:]
+            tensor.dims.extend([1 << 32, 1 << 32, 1 << 32])
+    return model
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", type=pathlib.Path, help="directory to write the models into")
@@ -206,6 +217,7 @@ def main():
     for name, text in MODELS.items():
         onnx.save(onnx.parser.parse_model(text), str(out_dir / f"{name}.onnx"))
     onnx.save(bad_tensor_model(), str(out_dir / "bad_tensor_dims.onnx"))
+    onnx.save(huge_dims_model(), str(out_dir / "huge_tensor_dims.onnx"))
 
 
 if __name__ == "__main__":
