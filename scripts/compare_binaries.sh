@@ -26,7 +26,8 @@ cp "$repo"/models/*.onnx "$work/models/sample/"
 /usr/bin/python3 "$repo/scripts/gen_edge_models.py" "$work/models/edge" >/dev/null
 
 variants=("default|" "all|--rules all" "verify|--verify" "all-verify|--rules all --verify"
-          "freeze|--freeze-train-bn --rules all" "constants|--input-defaults-are-constant --rules all")
+          "freeze|--freeze-train-bn --rules all" "constants|--input-defaults-are-constant --rules all"
+          "keep-constants|--rules all --keep-op Constant")
 
 # Runs one binary in its own folder so that relative output names are the same for both.
 run() {

@@ -184,6 +184,32 @@ g (float[1,2,3,3] x) => (float[1,2,3,3] y)
   y = BatchNormalization (h, s, b, m, v)
 }
 """,
+    # Constants a rule would merge but may not: kept by --keep (the "keep" run), or of another type than the layer.
+    "kept_constants": """<ir_version: 8, opset_import: ["" : 15]>
+g (float[1,2,3,3] x) => (float[1,2,3,3] y, float[1,2,3,3] z)
+<float[2,2,1,1] w = {1, 2, 3, 4}, float[2,2,1,1] w2 = {1, 0, 2, 1}>
+{
+  kept_bias = Constant <value = float[1,2,1,1] {0.5, -1}> ()
+  kept_scale = Constant <value = float[1,2,1,1] {2, 3}> ()
+  kept_input_scale = Constant <value = float[1,2,1,1] {1.5, 0.5}> ()
+  h = Conv (x, w)
+  y = Add (h, kept_bias)
+  s = Mul (x, kept_input_scale)
+  c = Conv (s, w2)
+  z = Mul (c, kept_scale)
+}
+""",
+    "constant_of_other_type": """<ir_version: 8, opset_import: ["" : 15]>
+g (float[1,2,3,3] x) => (float[1,2,3,3] y, float[1,2,3,3] z)
+<float[2,2,1,1] w = {1, 2, 3, 4}, float[2,2,1,1] w2 = {1, 0, 2, 1}, double[1,2,1,1] k = {0.5, -1}, double[1,2,1,1] f = {2, 3}>
+{
+  h = Conv (x, w)
+  y = Add (h, k)
+  s = Mul (x, f)
+  c = Conv (s, w2)
+  z = Mul (c, f)
+}
+""",
 }
 
 
