@@ -1,8 +1,8 @@
 #include "affine_layer.h"
 
 #include <algorithm>
-#include <sstream>
 
+#include "bnfold/dims_text.h"
 #include "scaled_weight.h"
 #include "value_shape.h"
 
@@ -20,14 +20,6 @@ bool allZero(const std::vector<double>& values) {
 }
 
 }  // namespace
-
-std::string formatDims(const std::vector<int64_t>& dims) {
-  std::ostringstream out;
-  out << '[';
-  for (std::size_t i = 0; i < dims.size(); ++i) out << (i ? "," : "") << dims[i];
-  out << ']';
-  return out.str();
-}
 
 bool isAffineLayerOp(const Node& node) {
   return node.isOnnxOp("Conv") || node.isOnnxOp("ConvTranspose") || node.isOnnxOp("Gemm") || node.isOnnxOp("MatMul");

@@ -101,9 +101,6 @@ const Node* keptConstantProducer(const RuleContext& context, const std::vector<c
 /// The consumer of `value` when it is read exactly once, by one node, and is not a graph output; else null.
 const Node* soleConsumer(const Value& value, int* slot = nullptr);
 
-/// "[1,8,1,1]".
-std::string formatDims(const std::vector<int64_t>& dims);
-
 /// Which input of a binary node (0 or 1) is produced by an affine layer with the other one constant; tries slot 0
 /// first so Add(X, c) and Add(c, X) both work. -1 when neither is.
 int layerOperandSlot(const Node& binary, const RuleContext& context);

@@ -19,6 +19,7 @@
 
 #include "affine_layer.h"
 #include "batch_norm_params.h"
+#include "bnfold/dims_text.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "opset_emit.h"
 #include "rules.h"
@@ -39,8 +40,6 @@ struct Decomposition : Match {
   std::vector<int64_t> constantDims;
   DataType type = DataType::Float;
 };
-
-std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
 
 // Legacy broadcasting with axis=1: the constant's dims are X's dims 1, 2, ... exactly (no size-1 expansion).
 // Dims of X that are not known are taken to match.

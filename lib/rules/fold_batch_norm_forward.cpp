@@ -51,8 +51,6 @@ kernels::ChannelAffine repeatPerFeature(const kernels::ChannelAffine& affine, in
   return out;
 }
 
-std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
-
 bool anyNonZero(const std::vector<double>& values) {
   return std::any_of(values.begin(), values.end(), [](double v) { return v != 0.0; });
 }

@@ -53,8 +53,6 @@ struct BatchNormFold : Match {
 
 constexpr char kFoldedSuffix[] = "_folded";  // of a folded weight's name
 
-std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
-
 bool anyNonZero(const std::vector<double>& values) {
   return std::any_of(values.begin(), values.end(), [](double v) { return v != 0.0; });
 }

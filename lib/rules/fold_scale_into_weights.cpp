@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "affine_layer.h"
+#include "bnfold/dims_text.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "rules.h"
 #include "rewrite/understood_ops.h"
