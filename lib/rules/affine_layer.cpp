@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "bnfold/dims_text.h"
+#include "opset_emit.h"
 #include "scaled_weight.h"
 #include "value_shape.h"
 
@@ -177,6 +178,9 @@ std::string writeBias(Rewriter& rewriter, const AffineLayer& layer, const kernel
     beta.set_f(static_cast<float>(bias.beta));
     rewriter.setAttribute(layer.node, std::move(beta));
   }
+  if (layer.isGemm())
+    for (onnx::AttributeProto& attribute : broadcastAttributes(modelOpset(rewriter)))
+      rewriter.setAttribute(layer.node, std::move(attribute));
   return value->name();
 }
 

@@ -69,7 +69,8 @@ std::optional<std::vector<double>> perChannelConstant(const Value& constantValue
 /// shift is all zero (nothing to write). Requires a layer with a bias slot.
 std::optional<kernels::GemmBiasFold> foldedBias(const AffineLayer& layer, const kernels::ChannelAffine& affine);
 
-/// Writes `bias` as a new initializer, points the layer's bias slot at it and sets Gemm's beta to 1 when needed.
+/// Writes `bias` as a new initializer, points the layer's bias slot at it and sets Gemm's beta to 1 when needed
+/// (and broadcast=1 before opset 7, where Gemm broadcasts C only when told).
 /// Returns the new tensor's name.
 std::string writeBias(Rewriter& rewriter, const AffineLayer& layer, const kernels::GemmBiasFold& bias);
 

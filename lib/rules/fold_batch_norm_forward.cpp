@@ -26,7 +26,6 @@
 #include "rules.h"
 #include "rewrite/understood_ops.h"
 #include "value_shape.h"
-#include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
 namespace {
@@ -183,8 +182,6 @@ class FoldBatchNormForward final : public Rule {
       if (auto bias = foldedBias(layer, {ones, response})) {
         entry.setText("bias_after", writeBias(rewriter, layer, *bias));
         entry.setBool("bias_created", layer.biasValue == nullptr);
-        // Before opset 7 Gemm broadcasts C only when told to.
-        if (layer.isGemm() && modelOpset(rewriter) < kNumpyBroadcastOpset) rewriter.setAttribute(layer.node, intAttribute("broadcast", 1));
       }
     }
     entry.setText("weight_after", writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded"));
@@ -206,10 +203,9 @@ class FoldBatchNormForward final : public Rule {
     const Node* matMul = layer.node;
     entry.setText("weight_after", writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded"));
     Value* bias = addTensor(rewriter, *matMul, layer.type(), {layer.outputChannels}, response, matMul->name() + "_bias");
-    std::vector<onnx::AttributeProto> attributes;
-    if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));  // C broadcasts only if told
     const Node* gemm = rewriter.createNode(matMul, "Gemm", {matMul->input(0), matMul->input(1), bias},
-                                           {matMul->output(0)->name()}, matMul->name() + "_gemm", std::move(attributes));
+                                           {matMul->output(0)->name()}, matMul->name() + "_gemm",
+                                           broadcastAttributes(modelOpset(rewriter)));
     entry.setText("replaced_node", matMul->name());
     entry.setText("replaced_op", "MatMul");
     entry.setText("into", gemm->name());

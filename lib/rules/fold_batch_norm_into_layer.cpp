@@ -31,7 +31,6 @@
 #include "rules.h"
 #include "rewrite/understood_ops.h"
 #include "value_shape.h"
-#include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
 namespace {
@@ -271,10 +270,8 @@ class FoldBatchNormIntoLayer final : public Rule {
       // A 2-D MatMul with a bias is a Gemm: Y = Gemm(X, W', shift).
       Value* bias = addTensor(rewriter, *into, layer.type(), {layer.outputChannels}, kernels::foldBias(affine),
                               biasNameHint(layer));  // a MatMul has no bias: its name + "_bias"
-      std::vector<onnx::AttributeProto> attributes;
-      if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));  // C broadcasts only if told
       const Node* gemm = rewriter.createNode(into, "Gemm", {into->input(0), into->input(1), bias}, {output->name()},
-                                             into->name() + "_gemm", std::move(attributes));
+                                             into->name() + "_gemm", broadcastAttributes(modelOpset(rewriter)));
       entry.setText("replaced_node", into->name());
       entry.setText("replaced_op", into->opType());
       // The Gemm's output takes over the MatMul's value (and name); the MatMul goes.
@@ -287,10 +284,8 @@ class FoldBatchNormIntoLayer final : public Rule {
       Value* bias = addTensor(rewriter, *into, layer.type(), {layer.outputChannels}, kernels::foldBias(affine),
                               biasNameHint(layer));  // a MatMul has no bias: its name + "_bias"
       const Use reader = output->uses().front();
-      std::vector<onnx::AttributeProto> attributes;
-      if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));
       const Node* add = rewriter.createNode(reader.node, "Add", {output, bias}, {output->name() + "_biased"},
-                                            into->name() + "_bias_add", std::move(attributes));
+                                            into->name() + "_bias_add", broadcastAttributes(modelOpset(rewriter)));
       rewriter.setInput(reader.node, reader.slot, add->output(0));
       entry.setText("bias_node", add->name());
       biasAfter = bias->name();
@@ -299,7 +294,6 @@ class FoldBatchNormIntoLayer final : public Rule {
       if (auto bias = foldedBias(layer, affine)) {
         biasAfter = writeBias(rewriter, layer, *bias);
         biasCreated = layer.biasValue == nullptr;
-        if (layer.isGemm() && modelOpset(rewriter) < kNumpyBroadcastOpset) rewriter.setAttribute(into, intAttribute("broadcast", 1));
       }
     }
     entry.setText("into", into->name());
