@@ -97,15 +97,11 @@ class AbsorbAddIntoBias final : public Rule {
                             {"added", match.addend}};
     if (match.toGemm) {
       // Y = MatMul(X, W) + k  ==  Gemm(X, W, k) with alpha = beta = 1.
-      Value* bias = addTensor(rewriter, *layer.node, layer.type(), {layer.outputChannels}, match.addend,
-                              layer.node->name() + "_bias");
-      Node* gemm = rewriter.createNode(layer.node, "Gemm", {layer.node->input(0), layer.weightValue, bias},
-                                       {layerOutput->name()}, layer.node->name() + "_gemm");
+      const Node* gemm = replaceMatMulWithGemm(rewriter, layer, match.addend, add->output(0));
       entry["replaced_by"] = gemm->name();
       entry["bias_before"] = nullptr;
-      entry["bias_after"] = bias->name();
+      entry["bias_after"] = gemm->input(2)->name();
       entry["bias_created"] = true;
-      rewriter.replaceValueKeepingName(add->output(0), gemm->output(0));
       rewriter.eraseNode(layer.node);
     } else {
       const auto bias = foldedBias(layer, {std::vector<double>(match.addend.size(), 1.0), match.addend});

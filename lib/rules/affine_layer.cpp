@@ -184,6 +184,17 @@ std::string writeBias(Rewriter& rewriter, const AffineLayer& layer, const kernel
   return value->name();
 }
 
+Node* replaceMatMulWithGemm(Rewriter& rewriter, const AffineLayer& layer, const std::vector<double>& bias,
+                            const Value* replaced) {
+  const Node* matMul = layer.node;
+  Value* biasValue = addTensor(rewriter, *matMul, layer.type(), {layer.outputChannels}, bias, matMul->name() + "_bias");
+  Node* gemm = rewriter.createNode(matMul, "Gemm", {matMul->input(0), matMul->input(1), biasValue},
+                                   {matMul->output(0)->name()}, matMul->name() + "_gemm",
+                                   broadcastAttributes(modelOpset(rewriter)));
+  rewriter.replaceValueKeepingName(replaced, gemm->output(0));
+  return gemm;
+}
+
 std::string writeScaledWeight(Rewriter& rewriter, const AffineLayer& layer, ChannelSide side,
                               std::vector<double> scale, const std::string& suffix) {
   const auto dims = layer.weight->dims();

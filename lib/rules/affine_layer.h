@@ -74,6 +74,13 @@ std::optional<kernels::GemmBiasFold> foldedBias(const AffineLayer& layer, const 
 /// Returns the new tensor's name.
 std::string writeBias(Rewriter& rewriter, const AffineLayer& layer, const kernels::GemmBiasFold& bias);
 
+/// A 2-D MatMul has no bias input, a Gemm has one: Gemm(A, B, bias) named "<MatMul>_gemm", made before the MatMul
+/// `layer` from its current inputs, with `bias` as a new [N] initializer "<MatMul>_bias" (broadcast=1 before
+/// opset 7). The Gemm's output takes over `replaced`, with its name: the MatMul's output, or a value computed from
+/// it (an Add of the bias) that the Gemm now computes. Returns the Gemm.
+Node* replaceMatMulWithGemm(Rewriter& rewriter, const AffineLayer& layer, const std::vector<double>& bias,
+                            const Value* replaced);
+
 /// Which channels of a layer a per-channel factor applies to.
 enum class ChannelSide { Output, Input };
 

@@ -202,17 +202,13 @@ class FoldBatchNormForward final : public Rule {
     const AffineLayer& layer = match.layer;
     const Node* matMul = layer.node;
     entry.setText("weight_after", writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded"));
-    Value* bias = addTensor(rewriter, *matMul, layer.type(), {layer.outputChannels}, response, matMul->name() + "_bias");
-    const Node* gemm = rewriter.createNode(matMul, "Gemm", {matMul->input(0), matMul->input(1), bias},
-                                           {matMul->output(0)->name()}, matMul->name() + "_gemm",
-                                           broadcastAttributes(modelOpset(rewriter)));
     entry.setText("replaced_node", matMul->name());
     entry.setText("replaced_op", "MatMul");
+    const Node* gemm = replaceMatMulWithGemm(rewriter, layer, response, matMul->output(0));
     entry.setText("into", gemm->name());
     entry.setText("into_op", "Gemm");
-    entry.setText("bias_after", bias->name());
+    entry.setText("bias_after", gemm->input(2)->name());
     entry.setBool("bias_created", true);
-    rewriter.replaceValueKeepingName(matMul->output(0), gemm->output(0));
     removeBatchNorm(match, rewriter);
     rewriter.record("folds", std::move(entry));
   }

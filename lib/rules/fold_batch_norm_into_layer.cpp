@@ -267,17 +267,11 @@ class FoldBatchNormIntoLayer final : public Rule {
     bool biasCreated = false;
     const Value* output = into->output(0);
     if (part.needsBias && layer.outputRank == 2) {
-      // A 2-D MatMul with a bias is a Gemm: Y = Gemm(X, W', shift).
-      Value* bias = addTensor(rewriter, *into, layer.type(), {layer.outputChannels}, kernels::foldBias(affine),
-                              biasNameHint(layer));  // a MatMul has no bias: its name + "_bias"
-      const Node* gemm = rewriter.createNode(into, "Gemm", {into->input(0), into->input(1), bias}, {output->name()},
-                                             into->name() + "_gemm", broadcastAttributes(modelOpset(rewriter)));
+      // A 2-D MatMul with a bias is a Gemm: Y = Gemm(X, W', shift); the MatMul goes.
       entry.setText("replaced_node", into->name());
       entry.setText("replaced_op", into->opType());
-      // The Gemm's output takes over the MatMul's value (and name); the MatMul goes.
-      rewriter.replaceValueKeepingName(output, gemm->output(0));
-      into = gemm;
-      biasAfter = bias->name();
+      into = replaceMatMulWithGemm(rewriter, layer, kernels::foldBias(affine), output);
+      biasAfter = into->input(2)->name();
       biasCreated = true;
     } else if (part.needsBias) {
       // MatMul with more than two dims: the bias goes into an Add on its last (feature) axis.
