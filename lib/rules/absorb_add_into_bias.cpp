@@ -73,13 +73,9 @@ class AbsorbAddIntoBias final : public Rule {
     auto addend = perChannelConstant(*constant, *tensor, layer->outputRank, layer->outputChannelAxis(),
                                      layer->outputChannels, &why);
     if (!addend) return MatchResult::failure(why.code, why.message);
-    if (tensor->dataType() != layer->type())
-      return MatchResult::failure(reason::kUnsupportedType, "constant '" + constant->name() + "' has type " +
-                                                          dataTypeName(tensor->dataType()) + ", the layer " +
-                                                          dataTypeName(layer->type()));
-    if (const Node* kept = keptConstantProducer(context, {constant, layer->biasValue}))
-      return MatchResult::failure(reason::kKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or "
-                                                  "--keep-op and would be removed");
+    if (!hasLayerType(*constant, *tensor, *layer, &why) ||
+        !noKeptConstantProducer(context, {constant, layer->biasValue}, &why))
+      return MatchResult::failure(why.code, why.message);
     match->addend = std::move(*addend);
     match->layer = *layer;
     return MatchResult::success(std::move(match));

@@ -218,6 +218,24 @@ const Node* keptConstantProducer(const RuleContext& context, const std::vector<c
   return nullptr;
 }
 
+bool noKeptConstantProducer(const RuleContext& context, const std::vector<const Value*>& values,
+                            MatchFailure* whyNot) {
+  const Node* kept = keptConstantProducer(context, values);
+  if (kept && whyNot)
+    *whyNot = {reason::kKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or --keep-op and would be "
+                                    "removed"};
+  return !kept;
+}
+
+bool hasLayerType(const Value& constant, const Tensor& tensor, const AffineLayer& layer, MatchFailure* whyNot) {
+  if (tensor.dataType() == layer.type()) return true;
+  if (whyNot)
+    *whyNot = {reason::kUnsupportedType, "constant '" + constant.name() + "' has type " +
+                                             dataTypeName(tensor.dataType()) + ", the layer " +
+                                             dataTypeName(layer.type())};
+  return false;
+}
+
 const Node* soleConsumer(const Value& value, int* slot) {
   if (value.isGraphOutput() || value.uses().size() != 1) return nullptr;
   if (slot) *slot = value.uses().front().slot;
@@ -234,10 +252,18 @@ int layerOperandSlot(const Node& binary, const RuleContext& context) {
   return -1;
 }
 
-MatchFailure asLayerFailure(MatchFailure why) {
-  if (why.code == reason::kKeptByUser) why.code = reason::kLayerKeptByUser;
-  if (why.code == reason::kParamsNotConstant) why.code = reason::kWeightsNotConstant;
-  return why;
+std::optional<AffineLayer> readLayerForBatchNorm(const Node& node, const RuleContext& context, MatchFailure* whyNot) {
+  MatchFailure why;
+  std::optional<AffineLayer> layer = readAffineLayer(node, context, &why);
+  if (!layer) {
+    if (why.code == reason::kKeptByUser) why.code = reason::kLayerKeptByUser;
+    if (why.code == reason::kParamsNotConstant) why.code = reason::kWeightsNotConstant;
+    return fail(whyNot, why.code, std::move(why.message));
+  }
+  if (const Node* kept = keptConstantProducer(context, {layer->weightValue, layer->biasValue}))
+    return fail(whyNot, reason::kLayerKeptByUser, "a weight of " + describe(node) + " comes from Constant '" +
+                                                      kept->name() + "', which is kept by --keep/--keep-op");
+  return layer;
 }
 
 }  // namespace bnfold::rules

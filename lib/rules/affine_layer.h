@@ -52,9 +52,11 @@ bool isAffineLayerOp(const Node& node);
 /// bias not constant, non-floating type, dims that do not fit the op).
 std::optional<AffineLayer> readAffineLayer(const Node& node, const RuleContext& context, MatchFailure* whyNot);
 
-/// readAffineLayer's reasons as a rule rooted at a BatchNormalization says them: the driver reports the BN as
-/// kept-by-user, so a kept layer gets its own code, and a weight computed at run time is not a BN parameter.
-MatchFailure asLayerFailure(MatchFailure why);
+/// readAffineLayer for a rule rooted at a BatchNormalization, which also refuses a layer whose weight or bias
+/// comes from a Constant node the user asked to keep. Its reasons are said as such a rule says them: the driver
+/// reports the BN as kept-by-user, so a kept layer gets its own code, and a weight computed at run time is not a
+/// BN parameter.
+std::optional<AffineLayer> readLayerForBatchNorm(const Node& node, const RuleContext& context, MatchFailure* whyNot);
 
 /// The constant operand's values, one per channel, when combining it element-wise (numpy broadcasting, shapes
 /// aligned from the last axis) with a tensor of rank `rank` whose `channels` channels are on `channelAxis`
@@ -105,6 +107,15 @@ Value* addTensor(Rewriter& rewriter, const Node& anchor, DataType type, std::vec
 /// The first of `values` produced by a Constant node the user asked to keep (the rewrite would drop it once its
 /// last reader is gone), or null.
 const Node* keptConstantProducer(const RuleContext& context, const std::vector<const Value*>& values);
+
+/// True when no value of `values` comes from a Constant node the user asked to keep; else false with `whyNot`
+/// saying which (kept-by-user).
+bool noKeptConstantProducer(const RuleContext& context, const std::vector<const Value*>& values,
+                            MatchFailure* whyNot);
+
+/// True when the constant operand `constant` (holding `tensor`) that a rule merges into `layer` has the layer's
+/// element type; else false with `whyNot` saying both (unsupported-type).
+bool hasLayerType(const Value& constant, const Tensor& tensor, const AffineLayer& layer, MatchFailure* whyNot);
 
 /// The consumer of `value` when it is read exactly once, by one node, and is not a graph output; else null.
 const Node* soleConsumer(const Value& value, int* slot = nullptr);

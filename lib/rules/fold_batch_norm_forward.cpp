@@ -114,15 +114,8 @@ class FoldBatchNormForward final : public Rule {
     MatchFailure why;
     auto params = readInferenceBatchNorm(bn, context, PerElementParams::ReducePerChannel, &why);
     if (!params) return MatchResult::failure(why.code, why.message);
-    auto layer = readAffineLayer(*consumer, context, &why);
-    if (!layer) {
-      why = asLayerFailure(why);
-      return MatchResult::failure(why.code, why.message);
-    }
-    if (const Node* kept = keptConstantProducer(context, {layer->weightValue, layer->biasValue}))
-      return MatchResult::failure(reason::kLayerKeptByUser, "a weight of " + describe(*consumer) +
-                                                            " comes from Constant '" + kept->name() +
-                                                            "', which is kept by --keep/--keep-op");
+    auto layer = readLayerForBatchNorm(*consumer, context, &why);
+    if (!layer) return MatchResult::failure(why.code, why.message);
     if (layer->isGemm() && layer->transA)
       return MatchResult::failure(reason::kChannelAxisMismatch,
                                   describe(*consumer) + " transposes its input (transA=1), so the BN's channels "

@@ -74,17 +74,7 @@ std::optional<AffineLayer> readLayer(const Node& layerNode, const Node& bn, cons
                                         " in an enclosing graph"};
     return std::nullopt;
   }
-  std::optional<AffineLayer> layer = readAffineLayer(layerNode, context, why);
-  if (!layer) {
-    *why = asLayerFailure(*why);
-    return std::nullopt;
-  }
-  if (const Node* kept = keptConstantProducer(context, {layer->weightValue, layer->biasValue})) {
-    *why = {reason::kLayerKeptByUser, "a weight of " + describe(layerNode) + " comes from Constant '" + kept->name() +
-                                      "', which is kept by --keep/--keep-op"};
-    return std::nullopt;
-  }
-  return layer;
+  return readLayerForBatchNorm(layerNode, context, why);
 }
 
 class FoldBatchNormIntoLayer final : public Rule {
