@@ -1,58 +1,84 @@
-#!/usr/bin/env bash
-# Compares two bnfold binaries byte for byte: `fold` outputs and --report JSON (default rules, all rules, --verify,
-# --input-defaults-are-constant) and `check --format json`, on models/*.onnx and on freshly generated sample and
-# exporter-shaped models. For a change that must not change any output (a refactoring).
+#!/bin/bash
+# Runs two builds of bnfold on the same models and says where their outputs differ: the rewritten model, the JSON
+# report, stdout, stderr and the exit code of `fold` (default rules, --rules all, --verify, both) and of `check`.
+# For a change that must not change behaviour (a refactoring): every line must read "same".
 #
-# Usage: scripts/compare_binaries.sh BEFORE_BNFOLD AFTER_BNFOLD     exit 0 when everything is identical
+# Models: models/*.onnx, the ones scripts/gen_models.py, scripts/gen_exporter_models.py and
+# scripts/gen_edge_models.py write (opset-6 legacy broadcasting, refusals, a bad tensor).
+#
+# Usage: scripts/compare_binaries.sh BASE_BNFOLD NEW_BNFOLD   (exit 1 when anything differs)
 set -euo pipefail
-if [ $# -ne 2 ]; then echo "usage: $0 BEFORE_BNFOLD AFTER_BNFOLD" >&2; exit 2; fi
-before="$(realpath "$1")"
-after="$(realpath "$2")"
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-work="$(mktemp -d)"
+
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 BASE_BNFOLD NEW_BNFOLD" >&2
+  exit 2
+fi
+base=$(realpath "$1")
+new=$(realpath "$2")
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-mkdir -p "$work/models/sample" "$work/models/generated" "$work/models/exporters"
-cp "$root"/models/*.onnx "$work/models/sample/"
-/usr/bin/python3 "$root/scripts/gen_models.py" --out "$work/models/generated" >/dev/null
-/usr/bin/python3 "$root/scripts/gen_exporter_models.py" "$work/models/exporters" >/dev/null
+mkdir -p "$work/models/sample" "$work/models/generated" "$work/models/exporter" "$work/models/edge"
+cp "$repo"/models/*.onnx "$work/models/sample/"
+/usr/bin/python3 "$repo/scripts/gen_models.py" --out "$work/models/generated" >/dev/null
+/usr/bin/python3 "$repo/scripts/gen_exporter_models.py" "$work/models/exporter" >/dev/null
+/usr/bin/python3 "$repo/scripts/gen_edge_models.py" "$work/models/edge" >/dev/null
 
-variants=("default::" "all::--rules all" "verify::--verify" "verify-all::--rules all --verify"
-          "defaults-constant::--input-defaults-are-constant" "bias-add-only::--rules bias-add" "none::--rules none"
-          "keep-bn::--keep-op BatchNormalization" "decompose::--rules +bn-decompose")
-compared=0 differing=0
-# Runs one binary in its own folder on the same relative paths, so that paths in reports are the same.
+variants=("default|" "all|--rules all" "verify|--verify" "all-verify|--rules all --verify"
+          "freeze|--freeze-train-bn --rules all" "constants|--input-defaults-are-constant --rules all"
+          "keep-constants|--rules all --keep-op Constant")
+
+# Runs one binary in its own folder so that relative output names are the same for both.
 run() {
-  local binary=$1 side=$2 model=$3 name=$4 flags=$5
-  local dir="$work/$side"
-  mkdir -p "$dir/out"
-  (cd "$dir" && "$binary" fold "../models/$model" -o "out/$name.onnx" --report "out/$name.report.json" \
-      $flags >"out/$name.stdout" 2>"out/$name.stderr"; echo "exit $?" >"out/$name.exit") || true
+  local binary=$1 dir=$2
+  shift 2
+  mkdir -p "$dir"
+  (cd "$dir" && set +e && "$binary" "$@" >stdout 2>stderr; echo $? >exit_code)
 }
-check() {
-  local binary=$1 side=$2 model=$3 name=$4
-  (cd "$work/$side" && "$binary" check "../models/$model" --format json >"out/$name.check.json" 2>/dev/null;
-   echo "exit $?" >"out/$name.check.exit") || true
-}
-while IFS= read -r model; do
-  base="${model//\//_}"
-  for variant in "${variants[@]}"; do
-    label="${variant%%::*}"
-    flags="${variant#*::}"
-    run "$before" before "$model" "$base.$label" "$flags"
-    run "$after" after "$model" "$base.$label" "$flags"
-  done
-  check "$before" before "$model" "$base"
-  check "$after" after "$model" "$base"
-done < <(cd "$work/models" && find . -name '*.onnx' | sed 's|^\./||' | sort)
 
-for file in $(cd "$work/before/out" && ls); do
-  compared=$((compared + 1))
-  if ! cmp -s "$work/before/out/$file" "$work/after/out/$file"; then
-    differing=$((differing + 1))
-    echo "differs: $file" >&2
-  fi
+differences=0
+compared=0
+while IFS= read -r model; do
+  label=${model#"$work/models/"}
+  for variant in "${variants[@]}"; do
+    name=${variant%%|*}
+    read -r -a flags <<<"${variant#*|}"
+    for side in base new; do
+      binary=$base
+      [[ $side == new ]] && binary=$new
+      run "$binary" "$work/run/$side" fold "$model" -o out.onnx --report report.json --jobs 1 "${flags[@]}"
+    done
+    compared=$((compared + 1))
+    if diff -r "$work/run/base" "$work/run/new" >/dev/null; then
+      echo "same      $label [$name]"
+    else
+      echo "DIFFERENT $label [$name]: $(diff -rq "$work/run/base" "$work/run/new" | tr '\n' ' ')"
+      differences=$((differences + 1))
+    fi
+    rm -rf "$work/run"
+  done
+done < <(find "$work/models" -name '*.onnx' | sort)
+
+# `check` over each folder: its summary names every model and every finding.
+for folder in "$work"/models/*/; do
+  for format in text github json; do
+    for side in base new; do
+      binary=$base
+      [[ $side == new ]] && binary=$new
+      run "$binary" "$work/run/$side" check "$folder" --format "$format"
+    done
+    compared=$((compared + 1))
+    label="check $(basename "$folder") --format $format"
+    if diff -r "$work/run/base" "$work/run/new" >/dev/null; then
+      echo "same      $label"
+    else
+      echo "DIFFERENT $label"
+      differences=$((differences + 1))
+    fi
+    rm -rf "$work/run"
+  done
 done
-models=$(cd "$work/models" && find . -name '*.onnx' | wc -l)
-echo "$models models, $compared files compared, $differing differ"
-[ "$differing" -eq 0 ]
+
+echo "$compared comparisons, $differences different"
+[[ $differences -eq 0 ]]

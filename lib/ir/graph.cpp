@@ -24,6 +24,8 @@ void Node::setOpType(const std::string& type) {
 }
 Node::~Node() = default;
 
+std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
+
 const std::vector<SubgraphSlot>& Node::subgraphs() const {
   static const std::vector<SubgraphSlot> none;
   return extras_ ? extras_->subgraphs : none;

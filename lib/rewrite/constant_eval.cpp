@@ -2,6 +2,8 @@
 #include "op_versions.h"
 #include "understood_ops.h"
 
+#include "bnfold/dims_text.h"
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -68,14 +70,6 @@ bool isIntegerType(DataType type) {
 }
 
 bool isSupportedType(DataType type) { return isFloatingPoint(type) || isIntegerType(type); }
-
-std::string dimsText(const Dims& dims) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i) text += (i ? "," : "") + std::to_string(dims[i]);
-  return text + "]";
-}
-
-std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
 
 /// An integer of `type` as stored: narrower types wrap, bool is 0 or 1.
 int64_t wrapToType(DataType type, int64_t v) {
@@ -392,7 +386,7 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
     int64_t bytes = 0;
     if (!count || __builtin_mul_overflow(*count, static_cast<int64_t>(elementSize(type)), &bytes) ||
         bytes > limit) {
-      *problem = "would compute a tensor of dims " + dimsText(dims) + ", more than the limit of " +
+      *problem = "would compute a tensor of dims " + formatDims(dims) + ", more than the limit of " +
                  std::to_string(limit) + " bytes for constant evaluation (--max-constant-size)";
       return false;
     }
@@ -452,7 +446,7 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
           if (known == 0 || total % known != 0) return unsupported("cannot infer its -1 dim");
           dims[static_cast<std::size_t>(inferred)] = total / known;
         } else if (known != total) {
-          return unsupported("reshapes " + dimsText(x.dims) + " to " + dimsText(dims) + ", a different size");
+          return unsupported("reshapes " + formatDims(x.dims) + " to " + formatDims(dims) + ", a different size");
         }
       } else if (op == "Unsqueeze" || op == "Squeeze") {
         std::vector<int64_t> axes;
@@ -534,7 +528,7 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
                              std::to_string(context_.opset()));
         }
         const auto dims = broadcastDims(a.dims, bDims);
-        if (!dims) return unsupported("has shapes " + dimsText(a.dims) + " and " + dimsText(b->dims) +
+        if (!dims) return unsupported("has shapes " + formatDims(a.dims) + " and " + formatDims(b->dims) +
                                       " that do not broadcast");
         if (auto failure = tooLarge(a.type, *dims)) return *failure;
         const int64_t count = *checkedElementCount(dims.value());
@@ -725,7 +719,7 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
       auto shape = intsOf(1);
       if (!shape) return unsupported("has a shape that is not constant integers");
       const auto dims = broadcastDims(x.dims, *shape);
-      if (!dims) return unsupported("expands " + dimsText(x.dims) + " to " + dimsText(*shape) + ", which does not broadcast");
+      if (!dims) return unsupported("expands " + formatDims(x.dims) + " to " + formatDims(*shape) + ", which does not broadcast");
       if (auto failure = tooLarge(x.type, *dims)) return *failure;
       return finish(gathered(x, *dims, broadcastIndex(x.dims, *dims, *checkedElementCount(*dims))));
     }

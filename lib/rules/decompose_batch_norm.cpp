@@ -19,6 +19,7 @@
 
 #include "affine_layer.h"
 #include "batch_norm_params.h"
+#include "bnfold/dims_text.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "opset_emit.h"
 #include "rules.h"
@@ -39,8 +40,6 @@ struct Decomposition : Match {
   std::vector<int64_t> constantDims;
   DataType type = DataType::Float;
 };
-
-std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
 
 // Legacy broadcasting with axis=1: the constant's dims are X's dims 1, 2, ... exactly (no size-1 expansion).
 // Dims of X that are not known are taken to match.
@@ -123,14 +122,11 @@ class DecomposeBatchNorm final : public Rule {
     Value* shift = addTensor(rewriter, bn, match.type, match.constantDims, match.params.affine.shift,
                              bn.name() + "_shift");
     // Before opset 7 the constants broadcast only when told, aligned at the channel axis.
-    auto broadcastAttributes = [&]() -> std::vector<onnx::AttributeProto> {
-      if (!match.legacyBroadcast) return {};
-      return {intAttribute("broadcast", 1), intAttribute("axis", 1)};
-    };
+    const int64_t opset = modelOpset(rewriter);
     Node* mul = rewriter.createNode(&bn, "Mul", {bn.input(0), scale}, {valueBase + "_scaled"}, bn.name() + "/mul",
-                                    broadcastAttributes());
+                                    broadcastAttributes(opset, 1));
     Node* add = rewriter.createNode(&bn, "Add", {mul->output(0), shift}, {valueBase + "_shifted"}, bn.name() + "/add",
-                                    broadcastAttributes());
+                                    broadcastAttributes(opset, 1));
     ReportRecord entry = describeBatchNorm(bn, match.params);
     rewriter.replaceValueKeepingName(y, add->output(0));
     entry.setText("mul", mul->name());

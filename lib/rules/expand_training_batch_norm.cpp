@@ -199,10 +199,8 @@ class Expansion {
   Value* binary(const std::string& op, const Value* left, const Value* right, RightShape shape,
                 const std::string& step) {
     std::vector<onnx::AttributeProto> attributes;
-    if (legacyBroadcast_ && shape != RightShape::SameShape) {
-      attributes.push_back(intAttribute("broadcast", 1));
-      if (shape == RightShape::Channel) attributes.push_back(intAttribute("axis", 1));
-    }
+    if (shape != RightShape::SameShape)
+      attributes = broadcastAttributes(opset_, shape == RightShape::Channel ? std::optional<int64_t>(1) : std::nullopt);
     return note(
         rewriter_.createNode(&bn_, op, {left, right}, {names_.value(step)}, names_.node(step), std::move(attributes))
             ->output(0));

@@ -26,7 +26,6 @@
 #include "rules.h"
 #include "rewrite/understood_ops.h"
 #include "value_shape.h"
-#include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
 namespace {
@@ -50,8 +49,6 @@ kernels::ChannelAffine repeatPerFeature(const kernels::ChannelAffine& affine, in
     }
   return out;
 }
-
-std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
 
 bool anyNonZero(const std::vector<double>& values) {
   return std::any_of(values.begin(), values.end(), [](double v) { return v != 0.0; });
@@ -117,15 +114,8 @@ class FoldBatchNormForward final : public Rule {
     MatchFailure why;
     auto params = readInferenceBatchNorm(bn, context, PerElementParams::ReducePerChannel, &why);
     if (!params) return MatchResult::failure(why.code, why.message);
-    auto layer = readAffineLayer(*consumer, context, &why);
-    if (!layer) {
-      why = asLayerFailure(why);
-      return MatchResult::failure(why.code, why.message);
-    }
-    if (const Node* kept = keptConstantProducer(context, {layer->weightValue, layer->biasValue}))
-      return MatchResult::failure(reason::kLayerKeptByUser, "a weight of " + describe(*consumer) +
-                                                            " comes from Constant '" + kept->name() +
-                                                            "', which is kept by --keep/--keep-op");
+    auto layer = readLayerForBatchNorm(*consumer, context, &why);
+    if (!layer) return MatchResult::failure(why.code, why.message);
     if (layer->isGemm() && layer->transA)
       return MatchResult::failure(reason::kChannelAxisMismatch,
                                   describe(*consumer) + " transposes its input (transA=1), so the BN's channels "
@@ -185,8 +175,6 @@ class FoldBatchNormForward final : public Rule {
       if (auto bias = foldedBias(layer, {ones, response})) {
         entry.setText("bias_after", writeBias(rewriter, layer, *bias));
         entry.setBool("bias_created", layer.biasValue == nullptr);
-        // Before opset 7 Gemm broadcasts C only when told to.
-        if (layer.isGemm() && modelOpset(rewriter) < kNumpyBroadcastOpset) rewriter.setAttribute(layer.node, intAttribute("broadcast", 1));
       }
     }
     entry.setText("weight_after", writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded"));
@@ -207,18 +195,13 @@ class FoldBatchNormForward final : public Rule {
     const AffineLayer& layer = match.layer;
     const Node* matMul = layer.node;
     entry.setText("weight_after", writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded"));
-    Value* bias = addTensor(rewriter, *matMul, layer.type(), {layer.outputChannels}, response, matMul->name() + "_bias");
-    std::vector<onnx::AttributeProto> attributes;
-    if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));  // C broadcasts only if told
-    const Node* gemm = rewriter.createNode(matMul, "Gemm", {matMul->input(0), matMul->input(1), bias},
-                                           {matMul->output(0)->name()}, matMul->name() + "_gemm", std::move(attributes));
     entry.setText("replaced_node", matMul->name());
     entry.setText("replaced_op", "MatMul");
+    const Node* gemm = replaceMatMulWithGemm(rewriter, layer, response, matMul->output(0));
     entry.setText("into", gemm->name());
     entry.setText("into_op", "Gemm");
-    entry.setText("bias_after", bias->name());
+    entry.setText("bias_after", gemm->input(2)->name());
     entry.setBool("bias_created", true);
-    rewriter.replaceValueKeepingName(matMul->output(0), gemm->output(0));
     removeBatchNorm(match, rewriter);
     rewriter.record("folds", std::move(entry));
   }

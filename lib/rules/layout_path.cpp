@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "affine_layer.h"
+#include "bnfold/dims_text.h"
 #include "value_shape.h"
 
 namespace bnfold::rules {
@@ -15,8 +16,6 @@ using Dims = std::vector<int64_t>;
 
 // A path longer than this is not followed (exporters write one to three layout ops).
 constexpr std::size_t kMaxSteps = 16;
-
-std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
 
 bool known(const Dims& dims, std::size_t from = 0) {
   return std::all_of(dims.begin() + static_cast<std::ptrdiff_t>(std::min(from, dims.size())), dims.end(),

@@ -191,6 +191,9 @@ class Node {
   friend class Value;
 };
 
+/// "Conv 'conv1'": how messages name a node.
+std::string describe(const Node& node);
+
 /// A graph input, output or value_info entry: the proto (type, doc string) plus the value it describes.
 struct ValueInfoEntry {
   Value* value;               ///< null when the entry names nothing in this graph (kept as it is)
