@@ -24,7 +24,7 @@
 #include "opset_emit.h"
 #include "rules.h"
 #include "rewrite/understood_ops.h"
-#include "value_shape.h"
+#include "analysis/value_shape.h"
 #include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
@@ -47,7 +47,7 @@ bool legacyBroadcastable(const std::vector<int64_t>& inputDims, const std::vecto
   if (constantDims.size() + 1 > inputDims.size()) return false;
   for (std::size_t i = 0; i < constantDims.size(); ++i) {
     const int64_t dim = inputDims[i + 1];
-    if (dim != kUnknownDim && dim != constantDims[i]) return false;
+    if (dim != analysis::kUnknownDim && dim != constantDims[i]) return false;
   }
   return true;
 }
@@ -70,8 +70,8 @@ class DecomposeBatchNorm final : public Rule {
 
     auto match = std::make_unique<Decomposition>();
     match->legacyBroadcast = context.opset() < kNumpyBroadcastOpset;
-    std::optional<std::vector<int64_t>> shape = knownShape(*x);
-    if (!shape) shape = knownShape(*bn.output(0));
+    std::optional<std::vector<int64_t>> shape = analysis::knownShape(*x);
+    if (!shape) shape = analysis::knownShape(*bn.output(0));
     if (match->legacyBroadcast) {
       // axis=1 aligns the constants with X's axes from the channel axis on, whatever X's rank.
       if (shape && shape->size() < 2)
@@ -99,8 +99,8 @@ class DecomposeBatchNorm final : public Rule {
     // Mul and Add need constants of X's type; before opset 15 the params share it.
     std::optional<DataType> type = context.constantOf(params->paramValues[0])->dataType();
     if (context.opset() >= kBatchNormMixedTypesOpset) {
-      type = knownElementType(*x);
-      if (!type) type = knownElementType(*bn.output(0));
+      type = analysis::knownElementType(*x);
+      if (!type) type = analysis::knownElementType(*bn.output(0));
     }
     if (!type || !isFloatingPoint(*type))
       return MatchResult::failure(reason::kTypeUnknown, "the element type of the input of " + describe(bn) +

@@ -25,7 +25,8 @@
 #include "opset_emit.h"
 #include "rules.h"
 #include "rewrite/understood_ops.h"
-#include "value_shape.h"
+#include "analysis/value_shape.h"
+#include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
 namespace {
@@ -210,10 +211,10 @@ class FoldBatchNormForward final : public Rule {
   /// input): Flatten with axis 1, or a Reshape to [N, C*H*W] ([0, -1], [-1, C*H*W], [N, -1]).
   static std::optional<int64_t> featuresPerChannel(const Node& bn, const Node& flatten, const RuleContext& context,
                                                    MatchFailure* whyNot) {
-    auto shape = knownShape(*bn.input(0));
-    if (!shape) shape = knownShape(*bn.output(0));
+    auto shape = analysis::knownShape(*bn.input(0));
+    if (!shape) shape = analysis::knownShape(*bn.output(0));
     if (!shape || shape->size() < 2 ||
-        std::any_of(shape->begin() + 2, shape->end(), [](int64_t d) { return d == kUnknownDim; })) {
+        std::any_of(shape->begin() + 2, shape->end(), [](int64_t d) { return d == analysis::kUnknownDim; })) {
       *whyNot = {reason::kRankUnknown, "the dims after the channel axis of the input of " + describe(bn) +
                                      " are not known, so the features each channel becomes after " +
                                      describe(flatten) + " are not known"};
@@ -229,9 +230,9 @@ class FoldBatchNormForward final : public Rule {
       const std::vector<int64_t> dims = target->toInt64s();
       const bool allowZero = flatten.attributeInt("allowzero", 0) != 0;
       const bool copiesBatch =
-          dims.size() == 2 && ((dims[0] == 0 && !allowZero) || ((*shape)[0] != kUnknownDim && dims[0] == (*shape)[0]));
+          dims.size() == 2 && ((dims[0] == 0 && !allowZero) || ((*shape)[0] != analysis::kUnknownDim && dims[0] == (*shape)[0]));
       keepsBatch = dims.size() == 2 &&
-                   ((channels != kUnknownDim && dims[1] == checkedProduct(channels, block)) ||
+                   ((channels != analysis::kUnknownDim && dims[1] == checkedProduct(channels, block)) ||
                     (dims[1] == -1 && copiesBatch));
     }
     if (!keepsBatch) {
