@@ -3,7 +3,9 @@
 # what is missing.
 #   1. Debian packages (scripts/setup_deps.sh: apt-get update + install, only when something is missing)
 #   2. ONNX Runtime for Node.js, the numeric oracle, cached outside the source tree (scripts/ort/ensure_ort.sh)
-#   3. CMake configure + build into build/ (or $BNFOLD_BUILD_DIR)
+#   3. CMake configure + build into build/ (or $BNFOLD_BUILD_DIR): every target, or only the targets given
+#      (scripts/demo.sh builds just the CLI, `bnfold_cli`, and no test)
+# Usage: scripts/setup.sh [TARGET...]
 # Prints `export BNFOLD_ORT_NODE_MODULES=...` as its last line so callers can eval it.
 set -euo pipefail
 
@@ -19,6 +21,8 @@ log "ONNX Runtime for Node.js: $ort_modules"
 
 log "building in $build_dir"
 cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBNFOLD_WARNINGS_AS_ERRORS=ON >&2
-cmake --build "$build_dir" --parallel "$jobs" >&2
-log "built $build_dir/apps/bnfold"
+target_args=()
+for target in "$@"; do target_args+=(--target "$target"); done
+cmake --build "$build_dir" --parallel "$jobs" "${target_args[@]}" >&2
+log "built ${*:-everything} in $build_dir"
 printf 'export BNFOLD_ORT_NODE_MODULES=%q\n' "$ort_modules"
