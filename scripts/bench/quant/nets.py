@@ -56,14 +56,14 @@ class Tensor:
 
 
 class EagerNet:
-    def __init__(self, seed, opset, calibration_shape, input_shape):
+    def __init__(self, seed, opset, calibration_batch, size):
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.opset = opset
         self.nodes = []
         self.initializers = []
-        self.input_shape = input_shape
-        self.input = Tensor("input", self.rng.uniform(-1.0, 1.0, calibration_shape))
+        self.image_shape = [3, size, size]
+        self.input = Tensor("input", self.rng.uniform(-1.0, 1.0, [calibration_batch] + self.image_shape))
         self.counter = 0
 
     def _name(self, kind):
@@ -176,11 +176,10 @@ class EagerNet:
             produced[tensor.name].output[0] = name
             for node in self.nodes:
                 node.input[:] = [name if i == tensor.name else i for i in node.input]
-            shape = [self.input_shape[0]] + list(tensor.value.shape[1:])
+            shape = ["N"] + list(tensor.value.shape[1:])
             infos.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
-        graph = helper.make_graph(self.nodes, graph_name,
-                                  [helper.make_tensor_value_info("input", TensorProto.FLOAT, self.input_shape)],
-                                  infos, self.initializers, doc_string=doc)
+        image = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N"] + self.image_shape)
+        graph = helper.make_graph(self.nodes, graph_name, [image], infos, self.initializers, doc_string=doc)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)],
                                   producer_name="bnfold-sqnr-bench", producer_version="1")
         model.ir_version = IR_VERSION
@@ -188,9 +187,9 @@ class EagerNet:
         return model
 
 
-def mobilenet(seed, calibration_batch, batch, size):
+def mobilenet(seed, calibration_batch, size):
     """MobileNetV1-style: stem Conv, depthwise-separable blocks (dw 3x3 + pw 1x1, BN + Relu after each), GAP, FC."""
-    net = EagerNet(seed, 13, (calibration_batch, 3, size, size), [batch, 3, size, size])
+    net = EagerNet(seed, 13, calibration_batch, size)
     x = net.conv_bn(net.input, 16, 3, 2)
     for channels, stride in ((32, 1), (64, 2), (64, 1), (128, 2), (128, 1), (128, 1), (256, 2)):
         x = net.dw_bn(x, stride)
@@ -199,9 +198,9 @@ def mobilenet(seed, calibration_batch, batch, size):
     return net.model("mobilenet_style", [("logits", logits)], "MobileNetV1-style depthwise-separable blocks, Relu")
 
 
-def resnet(seed, calibration_batch, batch, size):
+def resnet(seed, calibration_batch, size):
     """ResNet-style: basic blocks (Conv-BN-Relu-Conv-BN + shortcut, Add, Relu), projection shortcuts on stride."""
-    net = EagerNet(seed, 15, (calibration_batch, 3, size, size), [batch, 3, size, size])
+    net = EagerNet(seed, 15, calibration_batch, size)
     x = net.conv_bn(net.input, 16, 3, 1)
     for channels, stride in ((16, 1), (16, 1), (32, 2), (32, 1), (64, 2), (64, 1)):
         branch = net.conv_bn(x, channels, 3, stride)
@@ -214,10 +213,10 @@ def resnet(seed, calibration_batch, batch, size):
     return net.model("resnet_style", [("logits", logits)], "ResNet-style basic blocks with residual Adds")
 
 
-def ssd(seed, calibration_batch, batch, size, anchors=3, classes=10):
+def ssd(seed, calibration_batch, size, anchors=3, classes=10):
     """SSDLite-style detector: depthwise-separable backbone, a head per feature map (dw Conv-BN-Relu, then 1x1
     box and score Convs with bias and no BN, as detectors export them), boxes and scores concatenated."""
-    net = EagerNet(seed, 13, (calibration_batch, 3, size, size), [batch, 3, size, size])
+    net = EagerNet(seed, 13, calibration_batch, size)
     x = net.conv_bn(net.input, 16, 3, 2)
     features = []
     for channels, stride in ((32, 1), (32, 2), (64, 1), (64, 2), (96, 1), (96, 2), (128, 1)):
@@ -235,9 +234,9 @@ def ssd(seed, calibration_batch, batch, size, anchors=3, classes=10):
                      "SSDLite-style detector head with Concat")
 
 
-def plain_relu(seed, calibration_batch, batch, size):
+def plain_relu(seed, calibration_batch, size):
     """VGG-style chain of Conv-BN-Relu (strided Convs instead of pooling), GAP, FC: every link is equalizable."""
-    net = EagerNet(seed, 17, (calibration_batch, 3, size, size), [batch, 3, size, size])
+    net = EagerNet(seed, 17, calibration_batch, size)
     x = net.input
     for channels, stride in ((16, 1), (32, 2), (32, 1), (64, 2), (64, 1), (64, 1), (128, 2), (128, 1)):
         x = net.conv_bn(x, channels, 3, stride)
@@ -245,10 +244,10 @@ def plain_relu(seed, calibration_batch, batch, size):
     return net.model("plain_relu", [("logits", logits)], "plain chain of Conv-BN-Relu")
 
 
-def hardswish(seed, calibration_batch, batch, size):
+def hardswish(seed, calibration_batch, size):
     """MobileNetV3-style: inverted residual blocks (1x1 expand, dw 3x3, 1x1 linear projection, Add when shapes
     match), HardSwish in most blocks and Relu in the first ones, as in the paper."""
-    net = EagerNet(seed, 14, (calibration_batch, 3, size, size), [batch, 3, size, size])
+    net = EagerNet(seed, 14, calibration_batch, size)
     x = net.conv_bn(net.input, 16, 3, 2, act="hardswish")
     for expanded, channels, stride, act in ((64, 24, 2, "relu"), (72, 24, 1, "relu"), (96, 40, 2, "hardswish"),
                                             (120, 40, 1, "hardswish"), (240, 80, 2, "hardswish"),
@@ -261,6 +260,9 @@ def hardswish(seed, calibration_batch, batch, size):
     logits = net.gemm(net.global_pool_flatten(x), 100)
     return net.model("hardswish_style", [("logits", logits)], "MobileNetV3-style blocks with HardSwish")
 
+
+# The models whose every activation is Relu and whose layers CLE can all reach (no residual Add, no fan-out).
+ALL_RELU = ("mobilenet", "plain-relu")
 
 GENERATORS = {
     "mobilenet": mobilenet,

@@ -37,16 +37,22 @@ import nets
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 EXACT_RELATIVE_TOLERANCE = 1e-4
+# The models are the same in both modes (their BN statistics come from this calibration batch); --quick only
+# measures on fewer inputs.
+CALIBRATION_BATCH = 16
+IMAGE_SIZE = 64
+QUICK_SEEDS = 4
+FULL_SEEDS = 16
 
 # (label, heading): the rows of the summary, in order.
 METHODS = [
-    ("unfolded", "unfolded"),
-    ("folded", "folded"),
-    ("aimet", "aimet-cle"),
-    ("sweep", "cle-sweep"),
-    ("equalize", "bnfold-eq"),
-    ("equalize_hba", "bnfold-eq+hba"),
-    ("per_channel", "per-channel"),
+    ("unfolded", "unfolded (BN kept in float)"),
+    ("folded", "folded (bnfold fold)"),
+    ("aimet", "folded + AIMET CLE, one pass"),
+    ("sweep", "folded + pairwise CLE, swept"),
+    ("equalize", "bnfold fold --equalize"),
+    ("equalize_hba", "  ... --absorb-high-bias"),
+    ("per_channel", "folded, per-channel int8"),
 ]
 GAP_METHODS = ["aimet", "sweep", "equalize", "equalize_hba"]
 EXACT_METHODS = ["folded", "aimet", "sweep", "equalize"]
@@ -59,7 +65,7 @@ def fail(message):
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller inputs and fewer seeds (well under 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_SEEDS} random inputs instead of {FULL_SEEDS}")
     parser.add_argument("--models", default=",".join(nets.GENERATORS),
                         help=f"comma-separated subset of {','.join(nets.GENERATORS)}")
     parser.add_argument("--json", help="also write the results as JSON here")
@@ -108,11 +114,11 @@ def worst_output(outputs):
     return sqnr, relative
 
 
-def prepare_model(name, args, flags, sizes):
+def prepare_model(name, args, flags):
     """Writes the model and its variants; returns (job for sqnr_eval.js, facts about the rewrites)."""
     folder = pathlib.Path(args.out) / name
     folder.mkdir(parents=True, exist_ok=True)
-    model = nets.GENERATORS[name](args.seed, sizes["calibration_batch"], sizes["batch"], sizes["size"])
+    model = nets.GENERATORS[name](args.seed, CALIBRATION_BATCH, IMAGE_SIZE)
     original = save(model, folder / "original.onnx")
     folded_path = folder / "folded.onnx"
     run_bnfold(args.bnfold, original, folded_path, [])
@@ -167,8 +173,23 @@ def summarize(measured, facts):
         for label in GAP_METHODS:
             if label in row["sqnr_db"] and per_channel > folded:
                 row["gap_closed"][label] = (row["sqnr_db"][label] - folded) / (per_channel - folded)
+        row["goals"] = equalize_goals(row)
         rows.append(row)
     return rows
+
+
+def equalize_goals(row):
+    """Issue 39's "Done when" for `fold --equalize` on this model: None per goal when it does not apply."""
+    sqnr = row["sqnr_db"]
+    if "equalize" not in sqnr:
+        return {}
+    margin = 0.005  # dB: the printed precision; closer than this is a tie
+    return {
+        "not_below_folded": sqnr["equalize"] >= sqnr["folded"] - margin,
+        "at_least_aimet": sqnr["equalize"] >= sqnr["aimet"] - margin,
+        "at_least_sweep": sqnr["equalize"] >= sqnr["sweep"] - margin,
+        "half_the_gap": row["gap_closed"].get("equalize", 0) >= 0.5 if row["model"] in nets.ALL_RELU else None,
+    }
 
 
 def finite_or_null(value):
@@ -184,46 +205,66 @@ def cell(value, fmt):
     return "n/a" if value is None else fmt.format(value)
 
 
-def print_tables(rows):
-    width = max(len(r["model"]) for r in rows) + 2
-    print("Output SQNR (dB) with int8 weights, per tensor unless noted; reference: the float model")
-    print("model".ljust(width) + "".join(h.rjust(15) for _, h in METHODS))
-    for r in rows:
-        print(r["model"].ljust(width) + "".join(cell(r["sqnr_db"].get(k), "{:.2f}").rjust(15) for k, _ in METHODS))
+def print_table(title, rows, labels, field, fmt, note=None):
     headings = dict(METHODS)
-    print("\nShare of the per-tensor -> per-channel gap of the folded model closed")
-    print("model".ljust(width) + "".join(headings[k].rjust(15) for k in GAP_METHODS))
-    for r in rows:
-        print(r["model"].ljust(width) + "".join(cell(r["gap_closed"].get(k), "{:.0%}").rjust(15) for k in GAP_METHODS))
-    float_methods = EXACT_METHODS + ["equalize_hba"]
-    print("\nFloat outputs: max |difference| to the original / max |original output|")
-    print("model".ljust(width) + "".join(headings[k].rjust(15) for k in float_methods) + "   aimet sets, sweeps")
-    for r in rows:
-        sets = f"{r['aimet']['pairs']}p+{r['aimet']['triples']}t, {r['sweep']['sweeps']} over {r['sweep']['links']}"
-        print(r["model"].ljust(width)
-              + "".join(cell(r["float_relative_diff"].get(k), "{:.1e}").rjust(15) for k in float_methods)
-              + "   " + sets)
+    label_width = max(len(headings[k]) for k in labels) + 2
+    widths = [max(len(r["model"]), 9) + 2 for r in rows]
+    print(title)
+    print("method".ljust(label_width) + "".join(r["model"].rjust(w) for r, w in zip(rows, widths)))
+    for label in labels:
+        print(headings[label].ljust(label_width)
+              + "".join(cell(r[field].get(label), fmt).rjust(w) for r, w in zip(rows, widths)))
+    if note:
+        print(note(label_width, widths))
+    print()
+
+
+def print_tables(rows):
+    print_table("Output SQNR (dB), int8 weights per tensor unless noted (worst output; reference: the float model)",
+                rows, [k for k, _ in METHODS], "sqnr_db", "{:.2f}")
+    print_table("Share of the folded model's per-tensor -> per-channel SQNR gap closed", rows, GAP_METHODS,
+                "gap_closed", "{:.0%}")
+
+    def cle_sets(label_width, widths):
+        sets = "".join(f"{r['aimet']['pairs']}p+{r['aimet']['triples']}t".rjust(w) for r, w in zip(rows, widths))
+        sweeps = "".join(f"{r['sweep']['sweeps']}x{r['sweep']['links']}".rjust(w) for r, w in zip(rows, widths))
+        return ("AIMET pairs+triples".ljust(label_width) + sets + "\n"
+                + "sweeps x links".ljust(label_width) + sweeps)
+
+    print_table("Float outputs: max |difference to the original| / max |original output|", rows,
+                EXACT_METHODS + ["equalize_hba"], "float_relative_diff", "{:.1e}", cle_sets)
+    if any(r["goals"] for r in rows):
+        goals = [("not_below_folded", "not below folded"), ("at_least_aimet", "at least AIMET CLE"),
+                 ("at_least_sweep", "at least the CLE sweep"),
+                 ("half_the_gap", f"half the gap ({', '.join(nets.ALL_RELU)})")]
+        label_width = max(len(text) for _, text in goals) + 2
+        widths = [max(len(r["model"]), 9) + 2 for r in rows]
+        print("Issue 39 goals for bnfold fold --equalize (per-tensor int8 SQNR)")
+        print("goal".ljust(label_width) + "".join(r["model"].rjust(w) for r, w in zip(rows, widths)))
+        for key, text in goals:
+            verdicts = [{True: "yes", False: "NO", None: "-"}[r["goals"].get(key)] for r in rows]
+            print(text.ljust(label_width) + "".join(v.rjust(w) for v, w in zip(verdicts, widths)))
+        print()
 
 
 def main():
     args = parse_args()
     started = time.monotonic()
-    sizes = ({"calibration_batch": 8, "batch": 2, "size": 32, "seeds": 2} if args.quick
-             else {"calibration_batch": 16, "batch": 4, "size": 64, "seeds": 4})
+    seeds = list(range(QUICK_SEEDS if args.quick else FULL_SEEDS))
     flags = bnfold_flags(args.bnfold)
     jobs, facts = [], {}
     for name in args.models:
-        job, facts[name] = prepare_model(name, args, flags, sizes)
+        job, facts[name] = prepare_model(name, args, flags)
         jobs.append(job)
-    rows = summarize(evaluate({"seeds": list(range(sizes["seeds"])), "models": jobs}, args.out), facts)
+    rows = summarize(evaluate({"seeds": seeds, "models": jobs}, args.out), facts)
     print_tables(rows)
-    print(f"\n{len(rows)} models, inputs {sizes['batch']}x3x{sizes['size']}x{sizes['size']} uniform in [-1, 1), "
-          f"seeds 0..{sizes['seeds'] - 1}; bnfold --equalize: {'yes' if flags['equalize'] else 'n/a'}, "
+    print(f"{len(rows)} models, {len(seeds)} inputs 1x3x{IMAGE_SIZE}x{IMAGE_SIZE} uniform in [-1, 1) (seeds 0.."
+          f"{seeds[-1]}); bnfold --equalize: {'yes' if flags['equalize'] else 'n/a'}, "
           f"--absorb-high-bias: {'yes' if flags['absorb_high_bias'] else 'n/a'}; "
           f"{time.monotonic() - started:.0f} s")
     if args.json:
         with open(args.json, "w") as out:
-            json.dump(finite_or_null({"sizes": sizes, "bnfold_flags": flags, "models": rows}), out, indent=1)
+            json.dump(finite_or_null({"seeds": len(seeds), "image_size": IMAGE_SIZE, "bnfold_flags": flags, "models": rows}), out, indent=1)
     violations = [f"{r['model']} {label} ({r['float_relative_diff'][label]:.1e})" for r in rows
                   for label in EXACT_METHODS
                   if r["float_relative_diff"].get(label, 0) > EXACT_RELATIVE_TOLERANCE]
