@@ -10,8 +10,6 @@ one reader and are not graph outputs, and no weight or bias is shared. So the fl
 benchmark checks that in ONNX Runtime.
 """
 
-import math
-
 import numpy as np
 from onnx import numpy_helper
 
@@ -269,13 +267,3 @@ def quantize_weights(model, per_channel=False):
         graph.initializers[layer.weight_name][...] = quantized
     return graph.updated_model(), len(done)
 
-
-def weight_sqnr_db(model, per_channel=False):
-    """Summed weight SQNR over all layers, a quick view of what a model gives the quantizer."""
-    graph = WeightGraph(model)
-    signal = noise = 0.0
-    for layer in graph.layers:
-        quantized = _per_channel_fake_quantize(layer) if per_channel else _fake_quantize(layer.weight)
-        signal += float((layer.weight ** 2).sum())
-        noise += float(((layer.weight - quantized) ** 2).sum())
-    return math.inf if noise == 0 else 10 * math.log10(signal / noise)

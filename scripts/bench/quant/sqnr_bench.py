@@ -3,18 +3,17 @@
 
 For each generated model (nets.py: trained-like per-channel spread), every constant Conv/ConvTranspose/Gemm/MatMul
 weight is fake-quantized to symmetric int8 per tensor (per channel as the reference), and the output SQNR against
-the original float model is measured in ONNX Runtime on the same seeded inputs, for:
-  unfolded        BN kept in float, layer weights quantized
-  folded          `bnfold fold`
-  aimet-cle       folded + AIMET's CLE (pairs and depthwise triples, one pass; cle.py, numpy)
-  cle-sweep       folded + pairwise CLE swept to convergence (cle.py, numpy)
-  bnfold-eq       `bnfold fold --equalize`                        (n/a while bnfold has no such flag)
-  bnfold-eq+hba   `bnfold fold --equalize --absorb-high-bias`     (n/a likewise)
-  per-channel     folded, int8 per output channel
-plus the fraction of the per-tensor -> per-channel gap (in dB, folded model) each method closes. A model's SQNR is
-that of its worst output. Every rewrite that claims to keep the float function (fold, both CLEs, bnfold's
-equalize) is run in float too: if its outputs move by more than 1e-4 of the reference's largest magnitude, the
-script exits 1. High-bias absorption is exact only under an assumption; its float difference is reported only.
+the original float model is measured in ONNX Runtime on the same seeded inputs, for the model
+  unfolded (BN kept in float);  folded (`bnfold fold`);
+  folded + AIMET's CLE (pairs and depthwise triples, one pass) and folded + pairwise CLE swept to convergence,
+  both in numpy (cle.py);
+  `bnfold fold --equalize` and `... --equalize --absorb-high-bias` (n/a while `bnfold fold --help` has no flag);
+  folded with per-channel int8 weights (the reference);
+plus the share of the folded model's per-tensor -> per-channel gap (in dB) each method closes, and, once bnfold
+has --equalize, issue 39's goals for it. A model's SQNR is that of its worst output. Every rewrite that claims to
+keep the float function (fold, both CLEs, bnfold's equalize) is run in float too: if its outputs move by more
+than 1e-4 of the reference's largest magnitude, the script exits 1. High-bias absorption is exact only under an
+assumption; its float difference is reported only.
 
 Usage: scripts/bench/quant/sqnr_bench.py [--quick] [--models mobilenet,resnet,...] [--json FILE]
                                          [--bnfold PATH] [--out DIR] [--seed S]
@@ -150,9 +149,8 @@ def prepare_model(name, args, flags):
 def evaluate(jobs, out):
     jobs_path = pathlib.Path(out) / "jobs.json"
     jobs_path.write_text(json.dumps(jobs))
-    env = dict(os.environ)
     result = subprocess.run(["node", str(pathlib.Path(__file__).with_name("sqnr_eval.js")), str(jobs_path)],
-                            capture_output=True, text=True, env=env, check=False)
+                            capture_output=True, text=True, check=False)
     if result.returncode != 0:
         fail(f"sqnr_eval.js failed: {result.stderr.strip()}")
     return json.loads(result.stdout)["models"]
@@ -264,7 +262,8 @@ def main():
           f"{time.monotonic() - started:.0f} s")
     if args.json:
         with open(args.json, "w") as out:
-            json.dump(finite_or_null({"seeds": len(seeds), "image_size": IMAGE_SIZE, "bnfold_flags": flags, "models": rows}), out, indent=1)
+            summary = {"seeds": len(seeds), "image_size": IMAGE_SIZE, "bnfold_flags": flags, "models": rows}
+            json.dump(finite_or_null(summary), out, indent=1)
     violations = [f"{r['model']} {label} ({r['float_relative_diff'][label]:.1e})" for r in rows
                   for label in EXACT_METHODS
                   if r["float_relative_diff"].get(label, 0) > EXACT_RELATIVE_TOLERANCE]
