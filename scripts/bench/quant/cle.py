@@ -201,22 +201,37 @@ def _equalize_triple(first, depthwise, last, initializers):
     last.scale_inputs(s23)
 
 
+def _aimet_sets(chain):
+    """AIMET's split of a chain into CLS sets: Conv+Conv and depthwise+Conv pairs, Conv+depthwise+Conv triples.
+    Other layers (Gemm, grouped but not depthwise) and a Conv+depthwise with no Conv after it are left out."""
+    kinds = ["conv" if layer.op == "Conv" and layer.group == 1 else "depthwise" if layer.is_depthwise() else None
+             for layer in chain]
+    sets = []
+    i = 0
+    while i + 1 < len(chain):
+        if kinds[i] == "conv" and kinds[i + 1] == "depthwise" and i + 2 < len(chain) and kinds[i + 2] == "conv":
+            sets.append(chain[i:i + 3])
+            i += 2
+            continue
+        if kinds[i] in ("conv", "depthwise") and kinds[i + 1] == "conv":
+            sets.append(chain[i:i + 2])
+        i += 1
+    return sets
+
+
 def equalize_aimet(model):
-    """AIMET's method: each chain split into sets (a triple where the middle layer is depthwise, else a pair),
-    each set scaled once. Returns (model, summary)."""
+    """AIMET's method: each chain split into pairs and depthwise triples, each set scaled once, in order.
+    Returns (model, summary)."""
     graph = WeightGraph(model)
     pairs = triples = 0
     for chain in graph.chains():
-        i = 0
-        while i + 1 < len(chain):
-            if i + 2 < len(chain) and chain[i + 1].is_depthwise():
-                _equalize_triple(chain[i], chain[i + 1], chain[i + 2], graph.initializers)
+        for layers in _aimet_sets(chain):
+            if len(layers) == 3:
+                _equalize_triple(*layers, graph.initializers)
                 triples += 1
-                i += 2
             else:
-                _equalize_pair(chain[i], chain[i + 1], graph.initializers)
+                _equalize_pair(*layers, graph.initializers)
                 pairs += 1
-                i += 1
     return graph.updated_model(), {"pairs": pairs, "triples": triples}
 
 
