@@ -282,3 +282,15 @@ def quantize_weights(model, per_channel=False):
         graph.initializers[layer.weight_name][...] = quantized
     return graph.updated_model(), len(done)
 
+
+
+def worst_range_spread(model):
+    """Largest ratio, over the layers, of a layer's largest output-channel weight range to its median one: how
+    much of the int8 grid per-tensor quantization gives away in the worst layer."""
+    worst = 1.0
+    for layer in WeightGraph(model).layers:
+        ranges = layer.output_channel_ranges()
+        median = float(np.median(ranges))
+        if median > 0:
+            worst = max(worst, float(ranges.max()) / median)
+    return worst

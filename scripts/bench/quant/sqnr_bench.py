@@ -140,7 +140,9 @@ def prepare_model(name, args, flags):
         candidates[f"int8:{label}"] = save(cle.quantize_weights(onnx.load(path))[0], folder / f"{label}.int8.onnx")
     candidates["int8:per_channel"] = save(cle.quantize_weights(folded, per_channel=True)[0],
                                           folder / "folded.int8-per-channel.onnx")
-    facts = {"layers_quantized": weights, "bn_nodes": sum(n.op_type == "BatchNormalization" for n in model.graph.node),
+    spread = {"unfolded": cle.worst_range_spread(model)}
+    spread.update({label: cle.worst_range_spread(onnx.load(path)) for label, path in floats.items()})
+    facts = {"range_spread": spread, "layers_quantized": weights, "bn_nodes": sum(n.op_type == "BatchNormalization" for n in model.graph.node),
              "bn_nodes_after_fold": sum(n.op_type == "BatchNormalization" for n in folded.graph.node),
              "aimet": aimet_facts, "sweep": sweep_facts}
     return {"name": name, "reference": original, "candidates": candidates}, facts
@@ -220,6 +222,8 @@ def print_table(title, rows, labels, field, fmt, note=None):
 def print_tables(rows):
     print_table("Output SQNR (dB), int8 weights per tensor unless noted (worst output; reference: the float model)",
                 rows, [k for k, _ in METHODS], "sqnr_db", "{:.2f}")
+    print_table("Worst layer's weight range spread: largest / median output-channel range", rows,
+                [k for k, _ in METHODS if k != "per_channel"], "range_spread", "{:.0f}")
     print_table("Share of the folded model's per-tensor -> per-channel SQNR gap closed", rows, GAP_METHODS,
                 "gap_closed", "{:.0%}")
 
