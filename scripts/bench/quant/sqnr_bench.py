@@ -142,9 +142,11 @@ def prepare_model(name, args, flags):
                                           folder / "folded.int8-per-channel.onnx")
     spread = {"unfolded": cle.worst_range_spread(model)}
     spread.update({label: cle.worst_range_spread(onnx.load(path)) for label, path in floats.items()})
-    facts = {"range_spread": spread, "layers_quantized": weights, "bn_nodes": sum(n.op_type == "BatchNormalization" for n in model.graph.node),
-             "bn_nodes_after_fold": sum(n.op_type == "BatchNormalization" for n in folded.graph.node),
-             "aimet": aimet_facts, "sweep": sweep_facts}
+    def batch_norms(graph_model):
+        return sum(node.op_type == "BatchNormalization" for node in graph_model.graph.node)
+
+    facts = {"range_spread": spread, "layers_quantized": weights, "bn_nodes": batch_norms(model),
+             "bn_nodes_after_fold": batch_norms(folded), "aimet": aimet_facts, "sweep": sweep_facts}
     return {"name": name, "reference": original, "candidates": candidates}, facts
 
 
