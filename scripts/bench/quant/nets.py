@@ -6,10 +6,10 @@ into the weights. So the networks here are built eagerly: each layer is also eva
 calibration batch, and each BatchNormalization gets the mean and variance its input really has there (as a
 trained network's running statistics are), with
 - BN scales (gamma) spanning two orders of magnitude (log-normal, clipped), shifts (beta) around zero;
-- a few nearly dead channels (beta far below -3 gamma: the Relu after them is almost always 0), whose next
-  layer then sees an almost constant channel, a tiny variance and so a huge folded scale;
-- filters of very different norms (depthwise filters over two orders of magnitude, other filters over one),
-  which the BN normalises away in float but a per-tensor quantizer of the unfolded model sees.
+- a few nearly dead channels (beta between -3.5 and -2.5 gamma: the Relu after them is almost always 0), whose
+  next layer then sees an almost constant channel, a tiny variance and so a huge folded scale;
+- filters of very different norms (depthwise filters over a decade, other filters over half a decade), which
+  the BN normalises away in float but a per-tensor quantizer of the unfolded model sees.
 Deterministic for a seed. Uses Debian's python3-onnx (1.12) and python3-numpy.
 """
 
@@ -56,6 +56,8 @@ class Tensor:
 
 
 class EagerNet:
+    """Builds an ONNX graph and evaluates it on the calibration batch as it goes (float64 numpy)."""
+
     def __init__(self, seed, opset, calibration_batch, size):
         self.rng = np.random.default_rng(seed)
         self.seed = seed

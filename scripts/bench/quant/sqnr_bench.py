@@ -260,6 +260,10 @@ def main():
     for name in args.models:
         job, facts[name] = prepare_model(name, args, flags)
         jobs.append(job)
+    for name, model_facts in facts.items():
+        if model_facts["bn_nodes_after_fold"]:
+            print(f"sqnr_bench: warning: bnfold left {model_facts['bn_nodes_after_fold']} BatchNormalization in "
+                  f"{name}: its 'folded' figures are not of a fully folded model", file=sys.stderr)
     rows = summarize(evaluate({"seeds": seeds, "models": jobs}, args.out), facts)
     print_tables(rows)
     print(f"{len(rows)} models, {len(seeds)} inputs 1x3x{IMAGE_SIZE}x{IMAGE_SIZE} uniform in [-1, 1) (seeds 0.."
