@@ -1,7 +1,7 @@
 """Weight fake-quantization and two reference cross-layer equalizations (CLE) on ONNX models, in numpy.
 
-The references the benchmark judges `bnfold fold --equalize` against (../../../../shared/ONNX_NOTES.md, last
-section, after Nagel et al. 2019 as AIMET implements it):
+The references the benchmark judges `bnfold fold --equalize` against (the last section of ONNX_NOTES.md in
+../shared/ beside the repository: Nagel et al. 2019 as AIMET implements it):
 - `equalize_aimet`: one pass over pairs and depthwise triples with AIMET's scale formulas;
 - `equalize_sweep`: pairwise scaling s = sqrt(r1/r2) on every link, swept until the scales converge.
 Both only equalize a link between two layers with constant float weights (Conv, Gemm) joined directly or through
@@ -38,7 +38,7 @@ class Layer:
         self.trans_b = _attribute(node, "transB", 0) if self.op == "Gemm" else 0
 
     def _as_out_in(self, weight):
-        """View [out, in, rest...] of a Conv/Gemm/MatMul weight (ungrouped layers) or [out, in/group, ...]."""
+        """View [out, in/group, kernel...] of a Conv weight, [out, in] of a Gemm or 2-D MatMul weight."""
         if self.op == "Conv":
             return weight
         if self.op == "Gemm":
@@ -111,7 +111,9 @@ class WeightGraph:
         self.graph_outputs = {o.name for o in graph.output}
         self.layers = []
         for node in graph.node:
-            if node.op_type in LAYER_OPS and len(node.input) > 1 and node.input[1] in self.initializers:
+            # A MatMul weight of another rank than 2 has no single output-channel axis: left unquantized.
+            if node.op_type in LAYER_OPS and len(node.input) > 1 and node.input[1] in self.initializers \
+                    and (node.op_type != "MatMul" or self.initializers[node.input[1]].ndim == 2):
                 bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
                 self.layers.append(Layer(node, self.initializers[node.input[1]], bias))
         self.layer_of_node = {id(layer.node): layer for layer in self.layers}
