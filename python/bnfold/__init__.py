@@ -15,7 +15,6 @@ one-line message. The library releases the GIL while it works, so threads fold m
 ``onnx`` is needed only to pass or receive ModelProto objects.
 """
 
-import json
 import os
 import sys
 import warnings
@@ -130,7 +129,7 @@ def _base_dir(base_dir):
 
 def _finish(result, name):
     """Parses the report, raises VerificationError or warns as the CLI does."""
-    report = json.loads(result["report"])
+    report = result["report"]
     if result["verify_failures"]:
         lines = result["verify_failures"] + [result["verify_failure_text"]]
         raise VerificationError(f"{name}: " + "; ".join(lines), report, result["verify_failures"])
@@ -233,8 +232,8 @@ def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(
     if not isinstance(fail_on, str):
         fail_on = ",".join(_names(fail_on, "fail_on"))
     name = source if kind == "path" else _source_name(kind)
-    return json.loads(_native.check(source=source, source_name=name, base_dir=_base_dir(base_dir), fail_on=fail_on,
-                                    options=options))
+    return _native.check(source=source, source_name=name, base_dir=_base_dir(base_dir), fail_on=fail_on,
+                         options=options)
 
 
 def info(model, *, base_dir=None):
@@ -243,7 +242,7 @@ def info(model, *, base_dir=None):
     (count and the ops producing their inputs)."""
     kind, source = _classify(model)
     name = source if kind == "path" else _source_name(kind)
-    return json.loads(_native.info(source=source, source_name=name, base_dir=_base_dir(base_dir)))
+    return _native.info(source=source, source_name=name, base_dir=_base_dir(base_dir))
 
 
 def rules():

@@ -1,6 +1,7 @@
 // bnfold._native: the C++ library under the Python package `bnfold` (python/bnfold/__init__.py is the public API).
 // Every call into the library is in this file. The GIL is released while the library works; reports, findings and
-// `info` cross the boundary as JSON text, which the Python side parses (they are small next to a model).
+// `info` become Python dicts and lists straight from their JSON trees (a report holds every folded BN's parameters,
+// which as JSON text would cost more to print and parse than the fold).
 
 #include <Python.h>
 #include <pybind11/pybind11.h>
@@ -70,6 +71,29 @@ bnfold::DriverOptions driverOptions(const std::string& rules, const std::vector<
   }
 }
 
+py::object toPython(const nlohmann::json& value) {
+  using Type = nlohmann::json::value_t;
+  switch (value.type()) {
+    case Type::boolean: return py::bool_(value.get<bool>());
+    case Type::number_integer: return py::int_(value.get<int64_t>());
+    case Type::number_unsigned: return py::int_(value.get<uint64_t>());
+    case Type::number_float: return py::float_(value.get<double>());
+    case Type::string: return py::str(value.get_ref<const std::string&>());
+    case Type::array: {
+      py::list list(value.size());
+      std::size_t index = 0;
+      for (const nlohmann::json& item : value) list[index++] = toPython(item);
+      return std::move(list);
+    }
+    case Type::object: {
+      py::dict dict;
+      for (const auto& [key, item] : value.items()) dict[py::str(key)] = toPython(item);
+      return std::move(dict);
+    }
+    default: return py::none();  // null (binary and discarded values do not occur in reports)
+  }
+}
+
 std::vector<std::string> failureMessages(const bnfold::FoldRun& run) {
   std::vector<std::string> messages;
   for (const bnfold::Finding& failure : run.failedVerifications) messages.push_back(failure.message);
@@ -78,9 +102,10 @@ std::vector<std::string> failureMessages(const bnfold::FoldRun& run) {
 
 /// What every fold returns besides the model: the report as JSON, the verification failures (messages, and the
 /// one-line summary the CLI prints) and the input-defaults hint.
-py::dict runResult(const bnfold::Report& report, const bnfold::FoldRun& run, std::string reportJson) {
+/// `report.json()` must have been read once without the GIL, which turns its records into JSON.
+py::dict runResult(const bnfold::Report& report, const bnfold::FoldRun& run) {
   py::dict result;
-  result["report"] = py::str(reportJson);
+  result["report"] = toPython(report.json());
   result["verify_failures"] = failureMessages(run);
   result["verify_failure_text"] =
       run.failedVerifications.empty() ? std::string() : bnfold::verificationFailureText(run, report);
@@ -97,7 +122,6 @@ py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const s
   std::unique_ptr<bnfold::Model> model;
   bnfold::Report report;
   bnfold::FoldRun run;
-  std::string reportJson;
   py::object modelBytes = py::none();
   const bool writes = !dryRun && !output.empty();
   withoutGil([&] {
@@ -126,10 +150,10 @@ py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const s
         throw;
       }
     }
-    reportJson = report.dump();
+    report.json();
     model.reset();  // frees the IR without the GIL
   });
-  py::dict result = runResult(report, run, std::move(reportJson));
+  py::dict result = runResult(report, run);
   result["model"] = modelBytes;
   return result;
 }
@@ -144,13 +168,12 @@ py::dict foldPath(const std::string& input, const std::string& output, const std
   request.inPlace = inPlace;
   request.backupSuffix = backupSuffix;
   bnfold::FoldFileResult folded;
-  std::string reportJson;
   withoutGil([&] {
     folded = bnfold::foldFile(request, options);
-    reportJson = folded.report.dump();
+    folded.report.json();
     folded.model.reset();
   });
-  py::dict result = runResult(folded.report, folded.run, std::move(reportJson));
+  py::dict result = runResult(folded.report, folded.run);
   result["written"] = folded.written;
   result["unchanged"] = folded.unchanged;
   result["timings"] = py::make_tuple(folded.times.load, folded.times.rules, folded.times.save);
@@ -178,8 +201,8 @@ struct ModelSource {
   std::string path;
 };
 
-/// The findings `bnfold check` prints for one model, as a JSON array.
-std::string checkModel(const py::object& source, const std::string& sourceName, const std::string& baseDir,
+/// The findings `bnfold check` prints for one model, as a list of dicts.
+py::object checkModel(const py::object& source, const std::string& sourceName, const std::string& baseDir,
                        const std::string& failOnText, const bnfold::DriverOptions& options) {
   std::set<std::string> failOn;
   try {
@@ -188,13 +211,12 @@ std::string checkModel(const py::object& source, const std::string& sourceName, 
     throw PythonFailure{PythonFailure::Kind::Option, e.what()};
   }
   const ModelSource modelSource(source);
-  std::string json;
+  nlohmann::json findings = nlohmann::json::array();
   withoutGil([&] {
     std::unique_ptr<bnfold::Model> model = modelSource.load(sourceName, baseDir, {});
     bnfold::Report report;
     report.setInput(sourceName);
     bnfold::foldModel(*model, options, report);  // rewrites in memory only; nothing is saved
-    nlohmann::json findings = nlohmann::json::array();
     for (const bnfold::Finding& finding : bnfold::findingsOf(*model, report, failOn)) {
       auto orNull = [](const std::string& text) { return text.empty() ? nlohmann::json() : nlohmann::json(text); };
       findings.push_back({{"category", finding.category},
@@ -207,20 +229,19 @@ std::string checkModel(const py::object& source, const std::string& sourceName, 
                           {"reason", orNull(finding.reason)},
                           {"entry", finding.entry}});
     }
-    json = findings.dump();
   });
-  return json;
+  return toPython(findings);
 }
 
-std::string describe(const py::object& source, const std::string& sourceName, const std::string& baseDir) {
+py::object describe(const py::object& source, const std::string& sourceName, const std::string& baseDir) {
   const ModelSource modelSource(source);
-  std::string json;
+  nlohmann::json info;
   withoutGil([&] {
     bnfold::LoadOptions loadOptions;
     loadOptions.nameUnnamedNodes = false;  // as `bnfold info`
-    json = bnfold::describeModel(*modelSource.load(sourceName, baseDir, loadOptions)).dump();
+    info = bnfold::describeModel(*modelSource.load(sourceName, baseDir, loadOptions));
   });
-  return json;
+  return toPython(info);
 }
 
 }  // namespace
