@@ -4,10 +4,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, TypeVar, Union, o
 
 from ._native import Error as Error, InvalidModelError as InvalidModelError, OptionError as OptionError
 
-try:
-    from onnx import ModelProto
-except ImportError:  # onnx is optional
-    ModelProto = Any  # type: ignore[misc,assignment]
+from onnx import ModelProto  # only for typing: at run time onnx is optional
 
 __version__: str
 DEFAULT_FAIL_ON: str

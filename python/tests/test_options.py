@@ -2,6 +2,7 @@
 report the CLI gives with the flag."""
 
 import json
+import pathlib
 import sys
 import warnings
 
@@ -186,3 +187,25 @@ def test_base_dir_finds_external_data_of_an_in_memory_model(tmp_path):
     assert len(report["folds"]) == 3
     with pytest.raises(bnfold.Error):
         bnfold.fold(in_memory, base_dir=tmp_path / "elsewhere")
+
+
+# Options for many models at once; in Python a loop or threads over fold do that (docs/python.md).
+BATCH_ONLY_FLAGS = {"--out-dir", "--report-dir", "--jobs", "--help", "--help-all"}
+
+
+def test_every_cli_fold_option_is_a_keyword_of_fold_and_of_its_stub():
+    import ast
+    import inspect
+    import re
+
+    code, out, _ = run_cli("fold", "--help")
+    assert code == 0
+    flags = set(re.findall(r"^  (?:-\w,)?(--[a-z-]+)", out, re.MULTILINE)) - BATCH_ONLY_FLAGS
+    assert {"--rules", "--verify", "--output"} <= flags
+    keywords = {name for name, parameter in inspect.signature(bnfold.fold).parameters.items()
+                if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert {flag[2:].replace("-", "_") for flag in flags} <= keywords
+
+    stub = ast.parse((pathlib.Path(bnfold.__file__).parent / "__init__.pyi").read_text())
+    overloads = [node for node in stub.body if isinstance(node, ast.FunctionDef) and node.name == "fold"]
+    assert overloads and all({arg.arg for arg in node.args.kwonlyargs} == keywords for node in overloads)
