@@ -2,7 +2,7 @@
 """Fails when a quoted #include in lib/, include/ or apps/ points up the folder stack.
 
 The stack, bottom to top (a folder may include its own files and those of folders below it):
-    kernels, ir  ->  io  ->  analysis  ->  report  ->  rewrite  ->  rules  ->  verify  ->  check  ->  apps
+    kernels, ir  ->  io  ->  analysis  ->  report  ->  rewrite  ->  rules  ->  verify  ->  check  ->  api  ->  apps
 `kernels` and `ir` share the bottom and do not include each other; the files directly in include/bnfold/
 (error.h, version.h) sit below everything.
 
@@ -15,7 +15,7 @@ import re
 import sys
 import tempfile
 
-STACK = [["kernels", "ir"], ["io"], ["analysis"], ["report"], ["rewrite"], ["rules"], ["verify"], ["check"],
+STACK = [["kernels", "ir"], ["io"], ["analysis"], ["report"], ["rewrite"], ["rules"], ["verify"], ["check"], ["api"],
          ["apps"]]
 RANK = {folder: rank for rank, folders in enumerate(STACK) for folder in folders}
 BASE = "<base>"  # include/bnfold/*.h itself

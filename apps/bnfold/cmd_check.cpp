@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "batch.h"
+#include "bnfold/api/api.h"
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
 #include "bnfold/check/findings.h"
@@ -46,8 +47,7 @@ ModelCheck checkOne(const ModelFile& file, const DriverOptions& driverOptions, c
     result.opset = model->opsetVersion("");
     Report report;
     report.setInput(file.path);
-    report.setReorderedGraphs(model->reorderedGraphs());
-    runRules(*model, driverOptions, report);  // the model is changed in memory only; it is never saved
+    foldModel(*model, driverOptions, report);  // the model is changed in memory only; it is never saved
     result.findings = findingsOf(*model, report, failOn);
     result.valid = true;
   } catch (...) {
