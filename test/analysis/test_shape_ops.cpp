@@ -7,6 +7,7 @@
 
 #include "analysis/shape_ops.h"
 #include "analysis/value_shape.h"
+#include "bnfold/dims_text.h"
 #include "test_support.h"
 
 using namespace bnfold;
@@ -22,7 +23,7 @@ std::string shapeOf(Model& model, const std::string& name) {
   const Value* value = model.graph().findLocal(name);
   REQUIRE(value);
   const auto shape = knownShape(*value);
-  return shape ? dimsText(*shape) : "unknown";
+  return shape ? formatDims(*shape) : "unknown";
 }
 }  // namespace
 
