@@ -21,6 +21,7 @@ struct RuleFlags {
   std::vector<std::string> keepOps;
   bool inputDefaultsAreConstant = false;
   bool freezeTrainingBatchNorm = false;
+  bool equalize = false;       ///< --equalize: adds the equalize rule
   double maxConstantMiB = 64;  ///< --max-constant-size
   bool verify = false;         ///< --verify
 };

@@ -194,9 +194,12 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
   report.setRules(options.rules);
   report.setReorderedGraphs(model.reorderedGraphs());
   std::unordered_map<std::string, std::vector<const Rule*>> rulesByOp;
+  // Rules that run once the others reached their fixed point (Rule::runsAfterFixedPoint), each root once.
+  std::unordered_map<std::string, std::vector<const Rule*>> lateRulesByOp;
   for (const auto& rule : builtinRules()) {
     if (std::find(options.rules.begin(), options.rules.end(), rule->name()) == options.rules.end()) continue;
-    for (const std::string& op : rule->rootOps()) rulesByOp[op].push_back(rule.get());
+    for (const std::string& op : rule->rootOps())
+      (rule->runsAfterFixedPoint() ? lateRulesByOp : rulesByOp)[op].push_back(rule.get());
   }
   for (const std::string& name : options.rules)
     if (!findRule(name)) throw std::invalid_argument("unknown rule '" + name + "'");
@@ -205,10 +208,11 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
   const int64_t opset = model.opsetVersion("");
   // Whether each rule knows the versions of the ops it reads and writes at this opset: once per run.
   std::unordered_map<const Rule*, std::optional<std::string>> opsetProblems;
-  for (const auto& [op, rules] : rulesByOp)
-    for (const Rule* rule : rules)
-      if (!opsetProblems.count(rule))
-        opsetProblems[rule] = opsetProblem(rule->opVersions(), opset, "rule " + std::string(rule->name()));
+  for (const auto* byOp : {&rulesByOp, &lateRulesByOp})
+    for (const auto& [op, rules] : *byOp)
+      for (const Rule* rule : rules)
+        if (!opsetProblems.count(rule))
+          opsetProblems[rule] = opsetProblem(rule->opVersions(), opset, "rule " + std::string(rule->name()));
   // The failures of the BatchNormalizations no rule rewrote, for their "skipped" entries.
   std::unordered_map<const Node*, std::vector<Failure>> failures;
   std::vector<Failure> nodeFailures;
@@ -235,9 +239,18 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
     };
 
     std::size_t rewrites = 0;
+    bool late = false;                              // the late rules' turn: their roots are all on the worklist
+    std::unordered_set<const Node*> failureLogged;  // nodes with an entry in a rule's failureSection
     for (;;) {
       Node* node = roots.next();
       if (!node) {
+        if (worklist.empty() && !late && !lateRulesByOp.empty()) {
+          late = true;
+          rulesByOp = std::move(lateRulesByOp);
+          for (Graph* graph : model.allGraphs())
+            for (const auto& candidate : graph->nodes())
+              if (rulesByOp.count(candidate->opType())) worklist.push_back(candidate.get());
+        }
         if (worklist.empty()) break;
         node = worklist.front();
         worklist.pop_front();
@@ -265,6 +278,13 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
         MatchResult result = rule->match(*node, context);
         if (!result.matched()) {
           context.constantEvaluator().discardPending();
+          const char* section = rule->failureSection();
+          if (section && !result.quiet() && failureLogged.insert(node).second)
+            report.add(section, nlohmann::json{{"rule", rule->name()},
+                                               {"node", node->name()},
+                                               {"op", node->opType()},
+                                               {"reason", result.failure().code.str()},
+                                               {"message", result.failure().message}});
           nodeFailures.push_back({rule, result.failure()});
           continue;
         }
@@ -288,8 +308,10 @@ void runRules(Model& model, const DriverOptions& options, Report& report) {
           attachVerdict(report, recorded, verdict);
         }
         rewritten = true;
-        // Look again at what changed and at whatever reads it.
-        for (Node* touched : rewriter.takeTouched()) {
+        // Look again at what changed and at whatever reads it (late rules visit each root once).
+        const std::vector<Node*> touchedNodes = rewriter.takeTouched();
+        if (late) break;
+        for (Node* touched : touchedNodes) {
           if (touched->isErased()) continue;
           if (touched->order() == Node::kUnnumbered && touched->isOnnxOp("BatchNormalization"))
             batchNormsComplete = false;  // made by a rewrite

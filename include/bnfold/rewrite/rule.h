@@ -35,6 +35,13 @@ class MatchResult {
     result.failure_ = {code, std::move(message)};
     return result;
   }
+  /// A failure not worth a report entry even for a rule with a failureSection (e.g. a node that is not where the
+  /// rule starts).
+  static MatchResult quietFailure(ReasonCode code, std::string message) {
+    MatchResult result = failure(code, std::move(message));
+    result.quiet_ = true;
+    return result;
+  }
   template <typename M>
   static MatchResult success(std::unique_ptr<M> match) {
     MatchResult result;
@@ -43,11 +50,13 @@ class MatchResult {
   }
   bool matched() const { return match_ != nullptr; }
   const MatchFailure& failure() const { return failure_; }
+  bool quiet() const { return quiet_; }
   Match& match() { return *match_; }
 
  private:
   std::unique_ptr<Match> match_;
   MatchFailure failure_;
+  bool quiet_ = false;
 };
 
 /// Versions of one ONNX op (the since_version of each of its schemas), ascending.
@@ -117,6 +126,12 @@ class Rule {
   /// For --verify: the rewrite is meant to equal the original with training-mode BatchNormalization evaluated in
   /// inference mode (train-bn-freeze changes the function on purpose), not the original itself.
   virtual bool verifiesAgainstFrozenBatchNorm() const { return false; }
+  /// Runs only once the other rules reached their fixed point, visiting each of its roots once in graph order
+  /// (a rule that computes a fixed point of its own, like equalize over a whole chain).
+  virtual bool runsAfterFixedPoint() const { return false; }
+  /// The report section where the driver records this rule's match failures (those not quiet), one entry per
+  /// node: {rule, node, op, reason, message}. Null: failures are not reported (BatchNormalization's go to `skipped`).
+  virtual const char* failureSection() const { return nullptr; }
 
   /// Inspects `root` without changing anything.
   virtual MatchResult match(const Node& root, const RuleContext& context) const = 0;
