@@ -5,7 +5,7 @@
 //             read only by A (or L2), A's only by L2 as its data input, neither a graph output; the channels
 //             on the same axis (Conv/ConvTranspose to Conv/ConvTranspose, Gemm/MatMul to Gemm (transA = 0) /
 //             MatMul) and as many of them; weights and L1's bias read by no other node, not DequantizeLinear's;
-//             the scales lower the summed per-tensor int8 error of the two weights (otherwise the link is left).
+//             the scales lower the two weights' int8 noise, per channel with one step per tensor (else the link is left).
 // Math:       A(s z) = s A(z) for s > 0 (per-channel slopes stay with their channel), so with
 //             s_i = sqrt(r1_i / r2_i), r1_i = max|W1 feeding output channel i|, r2_i = max|W2 reading input
 //             channel i|: W1'[i] = W1[i] / s_i, B1'[i] = B1[i] / s_i, W2'[:, i] = W2[:, i] * s_i. A chain is
