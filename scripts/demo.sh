@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets everything up (scripts/setup.sh), then folds a sample model and proves the result in ONNX Runtime:
+# Sets everything up and builds the CLI alone (scripts/setup.sh bnfold_cli: no test suite), then folds a sample
+# model and proves the result in ONNX Runtime:
 #   bnfold info -> bnfold fold (report) -> ORT comparison of original and folded model.
 # Usage: scripts/demo.sh [MODEL.onnx]   (default: models/resnet_block.onnx); output goes to out/.
 set -euo pipefail
@@ -8,7 +9,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${BNFOLD_BUILD_DIR:-$root/build}"
 model="${1:-$root/models/resnet_block.onnx}"
 # Not eval "$(setup.sh)": eval would hide a failed setup or build (the substitution's status is lost).
-setup_exports="$("$root/scripts/setup.sh")"
+setup_exports="$("$root/scripts/setup.sh" bnfold_cli)"
 eval "$setup_exports"
 export BNFOLD_ORT_NODE_MODULES
 bnfold="$build_dir/apps/bnfold"

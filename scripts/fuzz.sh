@@ -33,7 +33,7 @@ die() { printf 'fuzz: error: %s\n' "$*" >&2; exit 2; }
 mkdir -p "$build_dir"
 log "configuring $build_dir (clang-14, address,undefined, BNFOLD_FUZZ=ON)"
 CC=clang-14 CXX=clang++-14 cmake -S "$source_dir" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DBNFOLD_WARNINGS_AS_ERRORS=ON -DBNFOLD_SANITIZE=address,undefined -DBNFOLD_FUZZ=ON \
+    -DBNFOLD_WARNINGS_AS_ERRORS=ON -DBNFOLD_SANITIZE=address,undefined -DBNFOLD_FUZZ=ON -DBNFOLD_PYTHON=OFF \
     >"$build_dir/fuzz-configure.log" 2>&1 \
     || { tail -n 30 "$build_dir/fuzz-configure.log" >&2; die "cmake configure failed"; }
 log "building ${targets[*]}"

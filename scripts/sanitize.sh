@@ -15,7 +15,8 @@ sample="${BNFOLD_CONFORMANCE_SAMPLE:-4}"
 log() { printf 'sanitize: %s\n' "$*" >&2; }
 
 # clang, so the same build also holds the libFuzzer targets (scripts/fuzz.sh reuses it; their regression corpora
-# run in this suite); its sanitizer and libFuzzer runtimes are libclang-rt-14-dev.
+# run in this suite); its sanitizer and libFuzzer runtimes are libclang-rt-14-dev. No Python module: an
+# AddressSanitizer library cannot be loaded into an uninstrumented python3.
 "$root/scripts/setup_deps.sh" clang-14 libclang-rt-14-dev >&2
 ort_modules="$("$root/scripts/ort/ensure_ort.sh" | tail -n 1)"
 export BNFOLD_ORT_NODE_MODULES="$ort_modules"
@@ -23,7 +24,7 @@ export BNFOLD_ORT_NODE_MODULES="$ort_modules"
 log "building in $build_dir (clang-14, address,undefined, libFuzzer targets)"
 CC=clang-14 CXX=clang++-14 cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DBNFOLD_WARNINGS_AS_ERRORS=ON -DBNFOLD_SANITIZE=address,undefined -DBNFOLD_FUZZ=ON \
-    -DBNFOLD_CONFORMANCE_SAMPLE="$sample" >&2
+    -DBNFOLD_CONFORMANCE_SAMPLE="$sample" -DBNFOLD_PYTHON=OFF >&2
 cmake --build "$build_dir" --parallel "$jobs" >&2
 
 # Leaks count as findings; every report prints a stack.

@@ -3,7 +3,11 @@
 # what is missing.
 #   1. Debian packages (scripts/setup_deps.sh: apt-get update + install, only when something is missing)
 #   2. ONNX Runtime for Node.js, the numeric oracle, cached outside the source tree (scripts/ort/ensure_ort.sh)
-#   3. CMake configure + build into build/ (or $BNFOLD_BUILD_DIR)
+#   3. CMake configure + build into build/ (or $BNFOLD_BUILD_DIR): every target, the Python module included, or only
+#      the targets given (scripts/demo.sh builds just the CLI, `bnfold_cli`, and no test)
+#   4. When every target was built: the Python module installed for Debian's python3 into the user's site-packages
+#      (pip install --user; set BNFOLD_PIP_INSTALL=0 to skip; docs/python.md has the other ways)
+# Usage: scripts/setup.sh [TARGET...]
 # Prints `export BNFOLD_ORT_NODE_MODULES=...` as its last line so callers can eval it.
 set -euo pipefail
 
@@ -18,7 +22,19 @@ ort_modules="$("$root/scripts/ort/ensure_ort.sh" | tail -n 1)"
 log "ONNX Runtime for Node.js: $ort_modules"
 
 log "building in $build_dir"
-cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBNFOLD_WARNINGS_AS_ERRORS=ON >&2
-cmake --build "$build_dir" --parallel "$jobs" >&2
-log "built $build_dir/apps/bnfold"
+# Debian's interpreter, which has python3-onnx: a python3 earlier on PATH (pyenv, conda) may not.
+python="${BNFOLD_PYTHON:-/usr/bin/python3}"
+cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBNFOLD_WARNINGS_AS_ERRORS=ON \
+    -DPYTHON_EXECUTABLE="$python" >&2
+target_args=()
+for target in "$@"; do target_args+=(--target "$target"); done
+cmake --build "$build_dir" --parallel "$jobs" "${target_args[@]}" >&2
+log "built ${*:-everything} in $build_dir"
+if [[ $# -eq 0 && "${BNFOLD_PIP_INSTALL:-1}" != 0 ]]; then
+    # Offline (--no-index, --no-build-isolation: Debian's setuptools and pybind11), reusing this build folder.
+    # Debian marks its Python "externally managed" (PEP 668); a --user install leaves Debian's packages alone.
+    BNFOLD_BUILD_DIR="$build_dir" BNFOLD_JOBS="$jobs" "$python" -m pip install --quiet --user \
+        --break-system-packages --no-build-isolation --no-index --no-deps "$root" >&2
+    log "installed the Python module for $python: import bnfold"
+fi
 printf 'export BNFOLD_ORT_NODE_MODULES=%q\n' "$ort_modules"

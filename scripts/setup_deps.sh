@@ -10,6 +10,7 @@ readonly REQUIRED_PACKAGES=(
     libonnx-dev libprotobuf-dev protobuf-compiler
     libeigen3-dev libcli11-dev libspdlog-dev catch2 nlohmann-json3-dev
     libonnx-testdata python3-onnx python3-numpy
+    python3-dev python3-pip python3-setuptools pybind11-dev python3-pybind11 python3-pytest
 )
 
 log() { printf 'setup_deps: %s\n' "$*" >&2; }

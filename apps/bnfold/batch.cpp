@@ -39,22 +39,6 @@ void addRuleFlags(CLI::App& command, RuleFlags& flags) {
                    "inputs; a rewrite outside its tolerance fails the run (exit code 1, no model written)");
 }
 
-DriverOptions driverOptionsFrom(const RuleFlags& flags) {
-  DriverOptions options;
-  try {
-    options.rules = parseRuleSelection(flags.equalize ? flags.rules + ",+equalize" : flags.rules);
-  } catch (const std::invalid_argument& e) {
-    throw Error("", std::string("--rules: ") + e.what());
-  }
-  options.ruleOptions.keepNodes = flags.keepNodes;
-  options.ruleOptions.keepOps = flags.keepOps;
-  options.ruleOptions.inputDefaultsAreConstant = flags.inputDefaultsAreConstant;
-  options.ruleOptions.freezeTrainingBatchNorm = flags.freezeTrainingBatchNorm;
-  options.ruleOptions.maxConstantBytes = static_cast<int64_t>(flags.maxConstantMiB * 1024 * 1024);
-  options.verify = flags.verify;
-  return options;
-}
-
 std::string ruleListText() {
   std::string text = "Rules (default marked *):\n";
   if (builtinRules().empty()) text += "  (none built in)\n";

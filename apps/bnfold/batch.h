@@ -10,25 +10,16 @@
 
 #include <CLI/CLI.hpp>
 
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/api/api.h"
+#include "bnfold/check/fold.h"
 
 namespace bnfold::cli {
 
 /// The flags that choose and steer the rules; `fold` and `check` take the same ones so `check` predicts `fold`.
-struct RuleFlags {
-  std::string rules = "default";
-  std::vector<std::string> keepNodes;
-  std::vector<std::string> keepOps;
-  bool inputDefaultsAreConstant = false;
-  bool freezeTrainingBatchNorm = false;
-  bool equalize = false;       ///< --equalize: adds the equalize rule
-  double maxConstantMiB = 64;  ///< --max-constant-size
-  bool verify = false;         ///< --verify
-};
+/// bnfold::driverOptionsFrom turns them into the driver's options.
+using RuleFlags = RuleSettings;
 
 void addRuleFlags(CLI::App& command, RuleFlags& flags);
-/// Throws bnfold::Error on an unknown rule in --rules.
-DriverOptions driverOptionsFrom(const RuleFlags& flags);
 /// "Rules (default marked *):" and one line per rule, for --help footers.
 std::string ruleListText();
 

@@ -1,5 +1,5 @@
 // `bnfold check MODEL...`: a CI gate. Runs the rules `fold` would run, as a dry run that never writes a model;
-// the library turns the run's report into findings (bnfold/report/findings.h), and check formats them.
+// the library turns the run's report into findings (bnfold/check/findings.h), and check formats them.
 
 #include <algorithm>
 #include <cstdio>
@@ -11,11 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "batch.h"
+#include "bnfold/api/api.h"
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
-#include "bnfold/report/findings.h"
+#include "bnfold/check/findings.h"
 #include "bnfold/report/report.h"
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 #include "bnfold/version.h"
 #include "commands.h"
 #include "output.h"
@@ -46,8 +47,7 @@ ModelCheck checkOne(const ModelFile& file, const DriverOptions& driverOptions, c
     result.opset = model->opsetVersion("");
     Report report;
     report.setInput(file.path);
-    report.setReorderedGraphs(model->reorderedGraphs());
-    runRules(*model, driverOptions, report);  // the model is changed in memory only; it is never saved
+    foldModel(*model, driverOptions, report);  // the model is changed in memory only; it is never saved
     result.findings = findingsOf(*model, report, failOn);
     result.valid = true;
   } catch (...) {

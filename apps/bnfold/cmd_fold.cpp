@@ -13,12 +13,13 @@
 #include <spdlog/spdlog.h>
 
 #include "batch.h"
+#include "bnfold/api/api.h"
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
 #include "bnfold/io/atomic_file.h"
-#include "bnfold/report/findings.h"
+#include "bnfold/check/findings.h"
 #include "bnfold/report/report.h"
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 #include "commands.h"
 #include "output.h"
 
@@ -42,39 +43,17 @@ struct FoldOptions {
   bool verbose = false;  // from the global -v
 };
 
-/// Wall time of the phases of one model's run, for --timings.
-class PhaseClock {
- public:
-  /// Ends the current phase and adds its time to `seconds`.
-  void lap(double& seconds) {
-    const auto now = std::chrono::steady_clock::now();
-    seconds += std::chrono::duration<double>(now - last_).count();
-    last_ = now;
-  }
-
- private:
-  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
-};
-
-struct PhaseTimes {
-  double load = 0, rules = 0, save = 0;
-  /// "load 0.012 s, rules 0.003 s, save 0.080 s, total 0.095 s" (the benchmark parses this).
-  std::string text() const {
-    char line[160];
-    std::snprintf(line, sizeof line, "load %.4f s, rules %.4f s, save %.4f s, total %.4f s", load, rules, save,
-                  load + rules + save);
-    return line;
-  }
-};
-
-/// --timings output: on stderr whatever -q says, because it was asked for.
-void printTimings(const std::string& what, const PhaseTimes& times) {
-  std::cerr << "bnfold: timings: " << what << (what.empty() ? "" : ": ") << times.text() << "\n";
+/// "load 0.012 s, rules 0.003 s, save 0.080 s, total 0.095 s" (the benchmark parses this).
+std::string timingsText(const FoldPhaseTimes& times) {
+  char line[160];
+  std::snprintf(line, sizeof line, "load %.4f s, rules %.4f s, save %.4f s, total %.4f s", times.load, times.rules,
+                times.save, times.load + times.rules + times.save);
+  return line;
 }
 
-bool sameFile(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  return fs::exists(a, ec) && fs::exists(b, ec) && fs::equivalent(a, b, ec);
+/// --timings output: on stderr whatever -q says, because it was asked for.
+void printTimings(const std::string& what, const FoldPhaseTimes& times) {
+  std::cerr << "bnfold: timings: " << what << (what.empty() ? "" : ": ") << timingsText(times) << "\n";
 }
 
 struct Counts {
@@ -119,17 +98,13 @@ std::string reorderedText(const std::vector<ReorderedGraph>& graphs) {
   return text + " (" + std::to_string(moved) + (moved == 1 ? " node" : " nodes") + " moved)";
 }
 
-// Sorting on load changes the written node order: say so once, and in the report.
-void noteReordering(const std::string& input, const Model& model, Report& report) {
-  report.setReorderedGraphs(model.reorderedGraphs());
-  if (model.reorderedGraphs().empty()) return;
-  spdlog::warn("{}: nodes were not in topological order; sorted {}", input, reorderedText(model.reorderedGraphs()));
-}
-
-// BNs left only because their parameters are overridable defaults: one line saying what the flag would change.
-void noteInputDefaults(const std::string& input, Model& model, const Report& report) {
-  const std::string hint = inputDefaultsHint(model, report).message();
-  if (!hint.empty()) spdlog::warn("{}: {}", input, hint);
+// Sorting on load changes the written node order, and BNs left only because their parameters are overridable
+// defaults would fold with a flag: say each once.
+void noteRun(const std::string& input, const FoldFileResult& result) {
+  const auto& reordered = result.model->reorderedGraphs();
+  if (!reordered.empty())
+    spdlog::warn("{}: nodes were not in topological order; sorted {}", input, reorderedText(reordered));
+  if (!result.run.inputDefaultsHint.empty()) spdlog::warn("{}: {}", input, result.run.inputDefaultsHint);
 }
 
 // ---- one model, one output (the original form of the command) ----
@@ -148,57 +123,34 @@ void keepUntilExit(std::unique_ptr<Model> model, Report&& report) {
 }
 
 int runSingle(const FoldOptions& options) {
-  DriverOptions driverOptions = driverOptionsFrom(options.ruleFlags);
+  const DriverOptions driverOptions = driverOptionsFrom(options.ruleFlags);
   const std::string& input = options.inputs.front();
-  if (!options.dryRun && sameFile(input, options.output))
-    throw Error(options.output, "the output would overwrite the input model; choose another -o path (or --in-place)");
-  // Bad destinations (a folder, a socket, a dangling link) fail before any work.
-  if (!options.dryRun) destinationOf(options.output);
-  if (!options.report.empty() && options.report != "-") destinationOf(options.report);
-
-  PhaseTimes times;
-  PhaseClock clock;
-  auto model = loadModel(input);
-  clock.lap(times.load);
-  Report report;
-  report.setInput(input);
-  report.setOutput(options.output);
-  noteReordering(input, *model, report);
-  runRules(*model, driverOptions, report);
-  noteInputDefaults(input, *model, report);
-  clock.lap(times.rules);
-  if (const auto failures = failedVerifications(report); !failures.empty()) {
-    // A rewrite that does not compute what the original did is not written; the report shows all of them.
-    for (const Finding& failure : failures) std::cerr << "bnfold: " << input << ": " << failure.message << "\n";
+  FoldFileRequest request;
+  request.input = input;
+  request.output = options.output;
+  request.reportPath = options.report == "-" ? "" : options.report;
+  request.dryRun = options.dryRun;
+  FoldFileResult result = foldFile(request, driverOptions);
+  noteRun(input, result);
+  const Report& report = result.report;
+  if (!result.run.failedVerifications.empty()) {
+    for (const Finding& failure : result.run.failedVerifications)
+      std::cerr << "bnfold: " << input << ": " << failure.message << "\n";
     if (options.report == "-") std::cout << report.dump();
-    else if (!options.report.empty()) report.write(options.report);
-    std::cerr << "bnfold: " << input << ": " << failures.size() << " of " << report.rewriteCount()
-              << " rewrites failed verification; no model written\n";
+    std::cerr << "bnfold: " << input << ": " << verificationFailureText(result.run, report) << "\n";
     return kExitFindings;
   }
+  if (options.timings) printTimings("", result.times);
   if (options.dryRun) {
-    if (options.timings) printTimings("", times);
     std::cout << "dry-run " << input << " -> " << options.output << ": " << Counts::of(report).text()
               << " (nothing written)\n";
     if (options.report == "-") std::cout << report.dump();
     return kExitOk;
   }
-  saveModel(*model, options.output);
-  clock.lap(times.save);
-  if (options.timings) printTimings("", times);
-  if (!options.report.empty()) {
-    try {
-      if (options.report == "-") std::cout << report.dump();
-      else report.write(options.report);
-    } catch (...) {
-      // A run is complete with its report or not at all.
-      removeWrittenFile(options.output);
-      throw;
-    }
-  }
+  if (options.report == "-") std::cout << report.dump();
   spdlog::info("{}: {} rewrites, {} BatchNormalization left", options.output, report.rewriteCount(),
                report.section("skipped").size());
-  keepUntilExit(std::move(model), std::move(report));
+  keepUntilExit(std::move(result.model), std::move(result.report));
   return kExitOk;
 }
 
@@ -216,7 +168,7 @@ struct Outcome {
   bool unchanged = false;  // --in-place and no rule changed anything: the file was left alone
   std::string error;
   Counts counts;
-  PhaseTimes times;
+  FoldPhaseTimes times;
 };
 
 std::string reportNameFor(const std::string& modelPath) {
@@ -252,68 +204,27 @@ std::vector<Planned> plan(const FoldOptions& options, const std::vector<ModelFil
 Outcome foldOne(const Planned& item, const FoldOptions& options, const DriverOptions& driverOptions) {
   Outcome outcome;
   try {
-    const std::string& input = item.model.path;
-    if (!options.inPlace && !item.output.empty() && sameFile(input, item.output))
-      throw Error(input, "the output '" + item.output + "' is the input itself; use --in-place to replace it");
-    if (options.inPlace && !options.dryRun) {
-      std::error_code ec;
-      const fs::file_status status = fs::status(input, ec);  // through links: their target is what is replaced
-      if (fs::exists(status) && !fs::is_regular_file(status) && !fs::is_directory(status))
-        throw Error(input, "--in-place replaces regular files only, and this is a device, FIFO or socket");
-    }
-    PhaseClock clock;
-    auto model = loadModel(input);
-    clock.lap(outcome.times.load);
-    Report report;
-    report.setInput(input);
-    if (!item.output.empty()) report.setOutput(item.output);
-    noteReordering(input, *model, report);
-    runRules(*model, driverOptions, report);
-    clock.lap(outcome.times.rules);
-    noteInputDefaults(input, *model, report);
-    outcome.counts = Counts::of(report);
-    if (const auto failures = failedVerifications(report); !failures.empty()) {
-      if (!item.report.empty() && !options.dryRun) {
-        fs::create_directories(fs::path(item.report).parent_path());
-        report.write(item.report);
-      }
+    FoldFileRequest request;
+    request.input = item.model.path;
+    request.output = item.output;
+    request.reportPath = options.dryRun ? "" : item.report;
+    request.dryRun = options.dryRun;
+    request.inPlace = options.inPlace;
+    request.backupSuffix = options.backupSuffix;
+    request.createFolders = true;
+    const FoldFileResult result = foldFile(request, driverOptions);
+    noteRun(item.model.path, result);
+    outcome.times = result.times;
+    outcome.counts = Counts::of(result.report);
+    const auto& failures = result.run.failedVerifications;
+    if (!failures.empty()) {
       outcome.verifyFailed = true;
       outcome.error = failures.front().message +
                       (failures.size() > 1 ? " (and " + std::to_string(failures.size() - 1) + " more)" : "") +
                       "; no model written";
       return outcome;
     }
-    // A model sorted on load is written back sorted, even when no rule changed it.
-    outcome.unchanged = options.inPlace && report.rewriteCount() == 0 && model->reorderedGraphs().empty();
-    if (!options.dryRun) {
-      if (options.inPlace) {
-        if (!outcome.unchanged) {
-          if (!options.backupSuffix.empty()) {
-            copyFileAtomically(input, input + options.backupSuffix);
-            // saveModel replaces "<model>.data" when the model keeps tensors outside: back that up too.
-            const std::string dataFile = input + ".data";
-            std::error_code ec;
-            if (fs::is_regular_file(dataFile, ec)) copyFileAtomically(dataFile, dataFile + options.backupSuffix);
-          }
-          saveModel(*model, item.output);
-        }
-      } else if (!item.output.empty()) {
-        fs::create_directories(fs::path(item.output).parent_path());
-        saveModel(*model, item.output);
-      }
-      clock.lap(outcome.times.save);
-      if (!item.report.empty()) {
-        try {
-          fs::create_directories(fs::path(item.report).parent_path());
-          report.write(item.report);
-        } catch (...) {
-          // As for one model: a result is complete with its report or not at all (in place, the new model
-          // stays: the original is gone already, and only the backup, if any, still has it).
-          if (!options.inPlace) removeWrittenFile(item.output);
-          throw;
-        }
-      }
-    }
+    outcome.unchanged = result.unchanged;
     outcome.ok = true;
   } catch (...) {
     outcome.ok = false;

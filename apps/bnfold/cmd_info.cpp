@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bnfold/api/api.h"
 #include "bnfold/io/model_io.h"
 #include "commands.h"
 
@@ -16,52 +17,6 @@ struct InfoOptions {
   std::string model;
   bool json = false;
 };
-
-std::string producerLabel(const Value* value) {
-  if (!value) return "(omitted)";
-  if (value->producer()) return value->producer()->opType();
-  if (value->initializer()) return "(initializer)";
-  if (value->isGraphInput()) return "(graph input)";
-  return "(outer scope)";
-}
-
-nlohmann::json describe(Model& model) {
-  std::map<std::string, int64_t> ops;
-  std::map<std::string, int64_t> bnProducers;
-  int64_t nodes = 0, batchNorms = 0, initializers = 0, initializerBytes = 0;
-  for (Graph* graph : model.allGraphs()) {
-    for (const auto& node : graph->nodes()) {
-      ++nodes;
-      const std::string key = node->isOnnxDomain() ? node->opType() : node->domain() + "::" + node->opType();
-      ++ops[key];
-      if (node->isOnnxOp("BatchNormalization")) {
-        ++batchNorms;
-        ++bnProducers[producerLabel(node->input(0))];
-      }
-    }
-    for (const Value* init : graph->initializers()) {
-      ++initializers;
-      initializerBytes += init->initializer()->byteSize();
-    }
-  }
-  nlohmann::json opsets = nlohmann::json::object();
-  for (const auto& opset : model.shell().opset_import())
-    opsets[opset.domain().empty() ? "ai.onnx" : opset.domain()] = opset.version();
-  std::vector<std::pair<std::string, int64_t>> histogram(ops.begin(), ops.end());
-  std::stable_sort(histogram.begin(), histogram.end(), [](auto& a, auto& b) { return a.second > b.second; });
-  nlohmann::json opList = nlohmann::json::array();
-  for (auto& [op, count] : histogram) opList.push_back({{"op", op}, {"count", count}});
-  return {{"file", model.path()},
-          {"ir_version", model.irVersion()},
-          {"producer", model.shell().producer_name() + " " + model.shell().producer_version()},
-          {"opsets", opsets},
-          {"graphs", model.allGraphs().size()},
-          {"nodes", nodes},
-          {"initializers", initializers},
-          {"initializer_bytes", initializerBytes},
-          {"ops", opList},
-          {"batch_normalization", {{"count", batchNorms}, {"input_producers", bnProducers}}}};
-}
 
 void printText(const nlohmann::json& info) {
   std::cout << info["file"].get<std::string>() << "\n";
@@ -100,7 +55,7 @@ CommandRunner addInfoCommand(CLI::App& app) {
     LoadOptions loadOptions;
     loadOptions.nameUnnamedNodes = false;
     auto model = loadModel(options->model, loadOptions);
-    const nlohmann::json info = describe(*model);
+    const nlohmann::json info = describeModel(*model);
     if (options->json) std::cout << info.dump(2) << "\n";
     else printText(info);
     return kExitOk;

@@ -21,7 +21,7 @@
 
 #include "bnfold/io/model_io.h"
 #include "bnfold/report/report.h"
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 
 namespace {
 

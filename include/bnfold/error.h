@@ -24,4 +24,11 @@ class Error : public std::runtime_error {
   std::string problem_;
 };
 
+/// The model being read cannot be read or is invalid: what loading throws (bnfold/io/model_io.h), so that a caller
+/// can tell a bad input from a problem with an output or an option.
+class InvalidModelError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace bnfold

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <unordered_map>
@@ -362,11 +363,42 @@ class ModelReader {
   std::unordered_map<std::string, int> unnamedCounter_;
 };
 
+namespace {
+
+// Every error of loading is about the model read: the public loaders throw it as InvalidModelError.
+template <typename Load>
+std::unique_ptr<Model> loadingInvalidModel(Load&& load) {
+  try {
+    return load();
+  } catch (const InvalidModelError&) {
+    throw;
+  } catch (const Error& e) {
+    throw InvalidModelError(e.file(), e.problem());
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Model> modelFromProto(onnx::ModelProto&& proto, const std::string& sourceName,
                                       const std::string& baseDir, const LoadOptions& options) {
-  auto model = std::make_unique<Model>();
-  ModelReader(*model, sourceName, options).read(std::move(proto), baseDir);
-  return model;
+  return loadingInvalidModel([&] {
+    auto model = std::make_unique<Model>();
+    ModelReader(*model, sourceName, options).read(std::move(proto), baseDir);
+    return model;
+  });
+}
+
+std::unique_ptr<Model> modelFromBytes(std::string_view bytes, const std::string& sourceName, const std::string& baseDir,
+                                      const LoadOptions& options) {
+  if (bytes.empty()) throw InvalidModelError(sourceName, "the model is empty (no bytes)");
+  if (bytes.size() > static_cast<std::size_t>(INT_MAX))
+    throw InvalidModelError(sourceName, "is larger than protobuf's 2 GiB limit; keep its tensors in external data "
+                                        "and pass a path");
+  onnx::ModelProto proto;
+  if (!proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    throw InvalidModelError(sourceName,
+                            "not a valid ONNX model: the protobuf cannot be parsed (corrupt or truncated bytes)");
+  return modelFromProto(std::move(proto), sourceName, baseDir, options);
 }
 
 namespace {
@@ -406,7 +438,9 @@ struct FileCloser {
 
 }  // namespace
 
-std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& options) {
+namespace {
+
+std::unique_ptr<Model> loadModelFile(const std::string& path, const LoadOptions& options) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error(path, "no such file");
   if (fs::is_directory(path, ec)) throw Error(path, "is a folder, not a model file");
@@ -440,6 +474,12 @@ std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& opt
   } catch (const StoredOrderNotTrusted&) {
   }
   return build(parseModelFile(fd, regular, path, baseDir, false), StoredOrder::kCheck);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& options) {
+  return loadingInvalidModel([&] { return loadModelFile(path, options); });
 }
 
 }  // namespace bnfold

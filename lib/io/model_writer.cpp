@@ -183,6 +183,19 @@ onnx::ModelProto modelToProto(Model& model) {
   return copy;
 }
 
+void serializeModel(Model& model, const std::function<char*(std::size_t)>& allocate) {
+  onnx::ModelProto proto;  // declared before the writer: it must outlive the lent tensors' return
+  ModelWriter writer(model);
+  for (Tensor* tensor : writer.allTensors()) tensor->materialize();
+  writer.build(proto);
+  const std::size_t size = proto.ByteSizeLong();
+  if (size > static_cast<std::size_t>(INT_MAX))
+    throw Error(model.path(), "the model is larger than protobuf's 2 GiB limit; write it to a file, which keeps "
+                              "large tensors in external data");
+  char* out = allocate(size);
+  proto.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(out));
+}
+
 namespace {
 
 constexpr int64_t kProtobufLimit = INT_MAX;

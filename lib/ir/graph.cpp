@@ -24,6 +24,8 @@ void Node::setOpType(const std::string& type) {
 }
 Node::~Node() = default;
 
+std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
+
 const std::vector<SubgraphSlot>& Node::subgraphs() const {
   static const std::vector<SubgraphSlot> none;
   return extras_ ? extras_->subgraphs : none;
@@ -338,8 +340,6 @@ std::string Model::uniqueNodeName(const std::string& hint) {
 }
 
 std::string Model::uniqueValueName(const std::string& hint) { return claimValueName(hint, true); }
-
-void Model::prefetchValueName(const std::string& hint) const { graph_->valuesByName_.prefetch(hint); }
 
 Value* Model::newValueWithUniqueName(Graph& graph, const std::string& hint) {
   return graph.newValue(claimValueName(hint, &graph != graph_.get()));

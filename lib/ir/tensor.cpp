@@ -13,6 +13,7 @@
 
 #include <cerrno>
 
+#include "bnfold/dims_text.h"
 #include "bnfold/error.h"
 
 namespace bnfold {
@@ -195,13 +196,6 @@ std::shared_ptr<const DeferredBytes> Tensor::byteSource() const {
 
 namespace {
 
-template <typename Dims>
-std::string dimsText(const Dims& dims) {
-  std::string text = "[";
-  for (int64_t dim : dims) text += (text.size() > 1 ? ", " : "") + std::to_string(dim);
-  return text + "]";
-}
-
 // An external-data offset or length: decimal digits that fit in int64.
 std::optional<int64_t> parseExternalNumber(const std::string& text) {
   if (text.empty() || !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
@@ -216,14 +210,14 @@ std::optional<int64_t> parseExternalNumber(const std::string& text) {
 
 int64_t Tensor::elementCount() const {
   if (elementCount_ == kNoElementCount)
-    throw Error("", "tensor '" + name() + "' has dims " + dimsText(proto_->dims()) +
+    throw Error("", "tensor '" + name() + "' has dims " + formatDims(proto_->dims(), ", ") +
                         " whose element count does not fit in 64 bits");
   return elementCount_;
 }
 
 int64_t Tensor::byteSize() const {
   const std::optional<int64_t> size = checkedProduct(elementCount(), static_cast<int64_t>(elementSize(dataType())));
-  if (!size) throw Error("", "tensor '" + name() + "' has dims " + dimsText(proto_->dims()) +
+  if (!size) throw Error("", "tensor '" + name() + "' has dims " + formatDims(proto_->dims(), ", ") +
                                  " whose size in bytes does not fit in 64 bits");
   return *size;
 }
@@ -282,10 +276,10 @@ void Tensor::validate(const std::string& file) const {
   if (type == DataType::Undefined) throw Error(file, what() + " has no data type");
   const std::optional<int64_t> checkedCount = checkedElementCount(proto_->dims());
   if (!checkedCount)
-    throw Error(file, what() + " has dims " + dimsText(proto_->dims()) + " whose element count does not fit in 64 bits");
+    throw Error(file, what() + " has dims " + formatDims(proto_->dims(), ", ") + " whose element count does not fit in 64 bits");
   const int64_t count = *checkedCount;
   if (!checkedProduct(count, static_cast<int64_t>(elementSize(type))))
-    throw Error(file, what() + " has dims " + dimsText(proto_->dims()) + " whose size in bytes does not fit in 64 bits");
+    throw Error(file, what() + " has dims " + formatDims(proto_->dims(), ", ") + " whose size in bytes does not fit in 64 bits");
   if (isExternal()) {
     ExternalDataRef ref;
     for (const auto& entry : proto_->external_data()) {

@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "bnfold/ir/graph.h"
-#include "ir/prefetch.h"
 
 namespace bnfold {
 
@@ -29,17 +28,6 @@ Value* ValueTable::find(std::string_view name) const {
   if (size_ == 0) return nullptr;
   const std::size_t slot = probe(name, tagOf(name));
   return tags_[slot] ? values_[slot] : nullptr;
-}
-
-void ValueTable::prefetch(std::string_view name) const {
-  if (tags_.empty()) return;
-  const std::size_t slot = home(tagOf(name));
-  prefetchLines(&tags_[slot]);
-  prefetchLines(&values_[slot]);
-}
-
-void ValueTable::prefetchEntry(const Value& value) const {
-  if (value.tableSlot_ < values_.size()) prefetchLines(&values_[value.tableSlot_]);
 }
 
 Value* ValueTable::insert(Value* value) {

@@ -3,12 +3,13 @@
 // by construction.
 #include "kernels/fold_math.h"
 
+#include "bnfold/dims_text.h"
+
 #include <Eigen/Core>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -16,14 +17,6 @@ namespace bnfold::kernels {
 namespace {
 
 using ConstVectorView = Eigen::Map<const Eigen::VectorXd, Eigen::Unaligned>;
-
-std::string formatDims(const Dims& dims) {
-  std::ostringstream out;
-  out << '[';
-  for (std::size_t i = 0; i < dims.size(); ++i) out << (i ? "," : "") << dims[i];
-  out << ']';
-  return out.str();
-}
 
 [[noreturn]] void fail(const char* function, const std::string& problem) {
   throw std::invalid_argument(std::string(function) + ": " + problem);

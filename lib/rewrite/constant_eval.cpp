@@ -2,10 +2,11 @@
 #include "op_versions.h"
 #include "understood_ops.h"
 
+#include "analysis/shape_ops.h"
+#include "bnfold/dims_text.h"
+
 #include <algorithm>
 #include <cmath>
-#include <functional>
-#include <numeric>
 #include <optional>
 #include <stdexcept>
 
@@ -35,22 +36,6 @@ using Dims = std::vector<int64_t>;
 // A chain longer than this is not followed (the answer is then "not a constant").
 constexpr int kMaxDepth = 64;
 
-enum class OpKind { View, Unary, Binary, Cast, Transpose, Concat, Slice, Gather, Expand, ConstantOfShape };
-
-const std::unordered_map<std::string, OpKind>& opTable() {
-  static const std::unordered_map<std::string, OpKind> table = {
-      {"Identity", OpKind::View},      {"Reshape", OpKind::View},     {"Squeeze", OpKind::View},
-      {"Unsqueeze", OpKind::View},     {"Flatten", OpKind::View},     {"Sqrt", OpKind::Unary},
-      {"Reciprocal", OpKind::Unary},   {"Neg", OpKind::Unary},        {"Add", OpKind::Binary},
-      {"Sub", OpKind::Binary},         {"Mul", OpKind::Binary},       {"Div", OpKind::Binary},
-      {"Pow", OpKind::Binary},         {"Max", OpKind::Binary},       {"Min", OpKind::Binary},
-      {"Cast", OpKind::Cast},          {"Transpose", OpKind::Transpose}, {"Concat", OpKind::Concat},
-      {"Slice", OpKind::Slice},        {"Gather", OpKind::Gather},    {"Expand", OpKind::Expand},
-      {"ConstantOfShape", OpKind::ConstantOfShape},
-  };
-  return table;
-}
-
 bool isQuantizationOp(const std::string& op) {
   return op == "DequantizeLinear" || op == "QuantizeLinear" || op == "DynamicQuantizeLinear" ||
          op.rfind("QLinear", 0) == 0;
@@ -68,14 +53,6 @@ bool isIntegerType(DataType type) {
 }
 
 bool isSupportedType(DataType type) { return isFloatingPoint(type) || isIntegerType(type); }
-
-std::string dimsText(const Dims& dims) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i) text += (i ? "," : "") + std::to_string(dims[i]);
-  return text + "]";
-}
-
-std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
 
 /// An integer of `type` as stored: narrower types wrap, bool is 0 or 1.
 int64_t wrapToType(DataType type, int64_t v) {
@@ -218,28 +195,407 @@ std::optional<int64_t> applyInt(const std::string& op, int64_t a, int64_t b) {
   return std::min(a, b);  // Min
 }
 
-/// The versions of each op in opTable() that evaluation was written for (understood_ops.h).
-std::vector<OpVersions> understoodVersions(const std::string& op) {
-  static const std::vector<OpVersions> understood = {
-      kIdentity, kReshape, kSqueeze, kUnsqueeze, kFlatten, kSqrt, kReciprocal, kNeg, kAdd, kSub, kMul, kDiv,
-      kPow, kMax, kMin, kCast, kTranspose, kConcat, kSlice, kGather, kExpand, kConstantOfShape};
-  for (const OpVersions& entry : understood)
-    if (entry.op == op) return {entry};
-  return {};
+/// One node's evaluation: its evaluated inputs and what every handler needs to report a result or a failure.
+struct NodeEvaluation {
+  const Node& node;
+  std::vector<ResultPtr> inputs;
+  std::vector<const Node*> nodes;  // the chain up to and including `node`, in evaluation order
+  int64_t opset;
+  int64_t byteLimit;
+  MatchFailure* whyNot;
+
+  const std::string& op() const { return node.opType(); }
+  const Result* input(std::size_t i) const { return i < inputs.size() ? inputs[i].get() : nullptr; }
+  const Result& x() const { return *inputs[0]; }
+
+  ResultPtr fail(ReasonCode code, const std::string& problem) const {
+    if (whyNot) *whyNot = {code, describe(node) + " " + problem};
+    return nullptr;
+  }
+  ResultPtr unsupported(const std::string& problem) const { return fail(reason::kParamsNotConstant, problem); }
+
+  /// Every computed op checks its output's size before allocating it.
+  std::optional<ResultPtr> tooLarge(DataType type, const Dims& dims) const {
+    const auto count = checkedElementCount(dims);
+    int64_t bytes = 0;
+    if (!count || __builtin_mul_overflow(*count, static_cast<int64_t>(elementSize(type)), &bytes) || bytes > byteLimit)
+      return fail(reason::kConstantTooLarge, "would compute a tensor of dims " + formatDims(dims) +
+                                                 ", more than the limit of " + std::to_string(byteLimit) +
+                                                 " bytes for constant evaluation (--max-constant-size)");
+    return std::nullopt;
+  }
+
+  ResultPtr finish(std::shared_ptr<Result> out) const {
+    out->nodes = nodes;
+    return out;
+  }
+
+  /// Input 0's bytes seen with the dims of `shape` (shape-only ops share a stored tensor's bytes).
+  ResultPtr view(const analysis::OutputShape& shape) const {
+    if (!shape.ok()) return unsupported(shape.message);
+    auto out = std::make_shared<Result>(x());
+    out->dims = shape.dims;
+    return finish(out);
+  }
+
+  /// Integer operands (shapes, axes, indices) as int64.
+  std::optional<std::vector<int64_t>> intsOf(std::size_t i) const {
+    const Result* in = input(i);
+    if (!in || !isIntegerType(in->type)) return std::nullopt;
+    return in->intValues();
+  }
+};
+
+// ---- one handler per op: its output from its evaluated inputs and attributes ----
+
+ResultPtr evaluateIdentity(const NodeEvaluation& e) {
+  analysis::OutputShape same;
+  same.dims = e.x().dims;
+  return e.view(same);
+}
+
+ResultPtr evaluateReshape(const NodeEvaluation& e) {
+  std::vector<int64_t> shape;
+  if (auto fromInput = e.intsOf(1)) shape = *fromInput;
+  else if (e.node.hasAttribute("shape")) shape = e.node.attributeInts("shape");
+  else return e.unsupported("has no constant int64 shape");
+  return e.view(analysis::reshapeShape(e.x().dims, shape, e.node.attributeInt("allowzero", 0) != 0));
+}
+
+ResultPtr evaluateSqueezeOrUnsqueeze(const NodeEvaluation& e) {
+  std::vector<int64_t> axes;
+  if (e.input(1)) {
+    auto fromInput = e.intsOf(1);
+    if (!fromInput) return e.unsupported("has axes that are not int64");
+    axes = *fromInput;
+  } else {
+    axes = e.node.attributeInts("axes");
+  }
+  return e.view(e.op() == "Unsqueeze" ? analysis::unsqueezeShape(e.x().dims, axes)
+                                      : analysis::squeezeShape(e.x().dims, axes));
+}
+
+ResultPtr evaluateFlatten(const NodeEvaluation& e) {
+  return e.view(analysis::flattenShape(e.x().dims, e.node.attributeInt("axis", 1)));
+}
+
+/// Sqrt, Reciprocal, Neg.
+ResultPtr evaluateUnary(const NodeEvaluation& e) {
+  const Result& x = e.x();
+  const std::string& op = e.op();
+  if (!x.floating() && op != "Neg") return e.unsupported("has a non-floating input");
+  auto out = std::make_shared<Result>();
+  out->type = x.type;
+  out->dims = x.dims;
+  if (x.floating()) {
+    out->reals = x.realValues();
+    for (double& v : out->reals) v = op == "Sqrt" ? std::sqrt(v) : op == "Reciprocal" ? 1.0 / v : -v;
+  } else {
+    out->ints = x.intValues();
+    for (int64_t& v : out->ints) v = wrapToType(x.type, -v);
+  }
+  return e.finish(out);
+}
+
+/// Add, Sub, Mul, Div, Pow, and Max and Min of any number of inputs.
+ResultPtr evaluateBinary(const NodeEvaluation& e) {
+  const Result& x = e.x();
+  const std::string& op = e.op();
+  if (e.inputs.size() == 1) return e.finish(std::make_shared<Result>(x));  // Max/Min of one input
+  std::shared_ptr<Result> acc;
+  for (std::size_t i = 1; i < e.inputs.size(); ++i) {
+    const Result& a = acc ? *acc : x;
+    const Result* b = e.input(i);
+    if (!b) return e.unsupported("has an omitted input");
+    if (op != "Pow" && b->type != a.type) return e.unsupported("mixes element types");
+    Dims bDims = b->dims;
+    if (e.opset < kNumpyBroadcastOpset && e.node.attributeInt("broadcast", 0) != 0) {
+      // Legacy broadcasting: B's dims stand at `axis` of A's (suffix-aligned without it).
+      const auto rank = static_cast<int64_t>(a.dims.size());
+      const int64_t axis = e.node.hasAttribute("axis") ? normalizedAxis(e.node.attributeInt("axis", 0), rank)
+                                                       : rank - static_cast<int64_t>(bDims.size());
+      if (axis < 0 || axis + static_cast<int64_t>(bDims.size()) > rank) return e.unsupported("has an invalid axis");
+      Dims aligned(static_cast<std::size_t>(rank), 1);
+      std::copy(bDims.begin(), bDims.end(), aligned.begin() + axis);
+      bDims = aligned;
+    } else if (e.opset < kNumpyBroadcastOpset && bDims != a.dims) {
+      return e.unsupported("combines different shapes without broadcast=1 at opset " + std::to_string(e.opset));
+    }
+    const auto dims = broadcastDims(a.dims, bDims);
+    if (!dims)
+      return e.unsupported("has shapes " + formatDims(a.dims) + " and " + formatDims(b->dims) + " that do not broadcast");
+    if (auto failure = e.tooLarge(a.type, *dims)) return *failure;
+    const int64_t count = *checkedElementCount(dims.value());
+    const auto ia = broadcastIndex(a.dims, *dims, count);
+    const auto ib = broadcastIndex(bDims, *dims, count);
+    auto out = std::make_shared<Result>();
+    out->type = a.type;
+    out->dims = *dims;
+    if (a.floating()) {
+      const auto va = a.realValues();
+      const auto vb = b->realValues();
+      out->reals.resize(static_cast<std::size_t>(count));
+      for (std::size_t k = 0; k < out->reals.size(); ++k)
+        out->reals[k] = applyReal(op, va[static_cast<std::size_t>(ia[k])], vb[static_cast<std::size_t>(ib[k])]);
+    } else {
+      if (!isIntegerType(b->type)) return e.unsupported("has a non-integer exponent for an integer base");
+      const auto va = a.intValues();
+      const auto vb = b->intValues();
+      out->ints.resize(static_cast<std::size_t>(count));
+      for (std::size_t k = 0; k < out->ints.size(); ++k) {
+        auto v = applyInt(op, va[static_cast<std::size_t>(ia[k])], vb[static_cast<std::size_t>(ib[k])]);
+        if (!v) return e.unsupported("divides an integer by zero");
+        out->ints[k] = wrapToType(a.type, *v);
+      }
+    }
+    acc = std::move(out);
+  }
+  return e.finish(acc);
+}
+
+ResultPtr evaluateCast(const NodeEvaluation& e) {
+  const Result& x = e.x();
+  const auto to = static_cast<DataType>(e.node.attributeInt("to", 0));
+  if (!isSupportedType(to)) return e.unsupported("casts to " + dataTypeName(to) + ", which bnfold does not evaluate");
+  if (auto failure = e.tooLarge(to, x.dims)) return *failure;
+  auto out = std::make_shared<Result>();
+  out->type = to;
+  out->dims = x.dims;
+  if (isFloatingPoint(to)) {
+    if (x.floating()) {
+      out->reals = roundTo(to, x.dims, x.realValues());
+    } else {
+      for (int64_t v : x.intValues()) out->reals.push_back(static_cast<double>(v));
+      out->reals = roundTo(to, x.dims, out->reals);
+    }
+  } else if (x.floating()) {
+    for (double v : x.realValues()) {
+      if (!std::isfinite(v) || std::fabs(v) >= 9.2e18) return e.unsupported("casts a value out of integer range");
+      out->ints.push_back(wrapToType(to, to == DataType::Bool ? (v != 0.0) : static_cast<int64_t>(std::trunc(v))));
+    }
+  } else {
+    for (int64_t v : x.intValues()) out->ints.push_back(wrapToType(to, v));
+  }
+  return e.finish(out);
+}
+
+ResultPtr evaluateTranspose(const NodeEvaluation& e) {
+  const Result& x = e.x();
+  const analysis::OutputShape shape = analysis::transposeShape(x.dims, e.node.attributeInts("perm"));
+  if (!shape.ok()) return e.unsupported(shape.message);
+  if (auto failure = e.tooLarge(x.type, x.dims)) return *failure;
+  const Dims inStrides = stridesOf(x.dims);
+  Dims stride(shape.sourceAxis.size());
+  for (std::size_t i = 0; i < shape.sourceAxis.size(); ++i)
+    stride[i] = inStrides[static_cast<std::size_t>(shape.sourceAxis[i])];
+  const auto index = stridedIndex(shape.dims, Dims(shape.dims.size(), 0), Dims(shape.dims.size(), 1), stride);
+  return e.finish(gathered(x, shape.dims, index));
+}
+
+ResultPtr evaluateConcat(const NodeEvaluation& e) {
+  const Result* first = e.input(0);
+  const auto rank = static_cast<int64_t>(first->dims.size());
+  const int64_t axis = normalizedAxis(e.node.attributeInt("axis", 0), rank);
+  if (axis < 0 || axis >= rank) return e.unsupported("has an invalid axis");
+  Dims dims = first->dims;
+  dims[static_cast<std::size_t>(axis)] = 0;
+  for (const auto& in : e.inputs) {
+    if (!in || in->type != first->type || in->dims.size() != first->dims.size())
+      return e.unsupported("has inputs of different types or ranks");
+    for (int64_t i = 0; i < rank; ++i)
+      if (i != axis && in->dims[static_cast<std::size_t>(i)] != first->dims[static_cast<std::size_t>(i)])
+        return e.unsupported("has inputs whose dims differ off the concatenation axis");
+    dims[static_cast<std::size_t>(axis)] += in->dims[static_cast<std::size_t>(axis)];
+  }
+  if (auto failure = e.tooLarge(first->type, dims)) return *failure;
+  int64_t outer = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= dims[static_cast<std::size_t>(i)];
+  auto out = std::make_shared<Result>();
+  out->type = first->type;
+  out->dims = dims;
+  std::vector<std::vector<double>> reals;
+  std::vector<std::vector<int64_t>> ints;
+  for (const auto& in : e.inputs) {
+    if (out->floating()) reals.push_back(in->realValues());
+    else ints.push_back(in->intValues());
+  }
+  for (int64_t o = 0; o < outer; ++o) {
+    for (std::size_t j = 0; j < e.inputs.size(); ++j) {
+      const int64_t block = outer == 0 ? 0 : e.inputs[j]->count() / outer;
+      const auto begin = static_cast<std::ptrdiff_t>(o * block);
+      if (out->floating()) out->reals.insert(out->reals.end(), reals[j].begin() + begin, reals[j].begin() + begin + block);
+      else out->ints.insert(out->ints.end(), ints[j].begin() + begin, ints[j].begin() + begin + block);
+    }
+  }
+  return e.finish(out);
+}
+
+ResultPtr evaluateSlice(const NodeEvaluation& e) {
+  const Result& x = e.x();
+  const auto rank = static_cast<int64_t>(x.dims.size());
+  std::vector<int64_t> starts, ends, axes, steps;
+  if (e.input(1)) {
+    auto s = e.intsOf(1), en = e.intsOf(2);
+    if (!s || !en) return e.unsupported("has starts/ends that are not constant integers");
+    starts = *s;
+    ends = *en;
+    if (e.input(3)) {
+      auto a = e.intsOf(3);
+      if (!a) return e.unsupported("has axes that are not constant integers");
+      axes = *a;
+    }
+    if (e.input(4)) {
+      auto st = e.intsOf(4);
+      if (!st) return e.unsupported("has steps that are not constant integers");
+      steps = *st;
+    }
+  } else {
+    starts = e.node.attributeInts("starts");
+    ends = e.node.attributeInts("ends");
+    axes = e.node.attributeInts("axes");
+  }
+  if (axes.empty())
+    for (std::size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+    return e.unsupported("has starts, ends, axes and steps of different lengths");
+  Dims begin(static_cast<std::size_t>(rank), 0), step(static_cast<std::size_t>(rank), 1), dims = x.dims;
+  for (std::size_t i = 0; i < starts.size(); ++i) {
+    const int64_t axis = normalizedAxis(axes[i], rank);
+    if (axis < 0 || axis >= rank || steps[i] == 0) return e.unsupported("has an invalid axis or step");
+    const int64_t dim = x.dims[static_cast<std::size_t>(axis)];
+    int64_t s = starts[i] < 0 ? starts[i] + dim : starts[i];
+    int64_t en = ends[i] < 0 && ends[i] > INT64_MIN + dim ? ends[i] + dim : ends[i];
+    int64_t count = 0;
+    if (steps[i] > 0) {
+      s = std::clamp<int64_t>(s, 0, dim);
+      en = std::clamp<int64_t>(en, 0, dim);
+      count = en > s ? (en - s + steps[i] - 1) / steps[i] : 0;
+    } else {
+      s = std::clamp<int64_t>(s, -1, dim - 1);
+      en = std::clamp<int64_t>(en, -1, dim - 1);
+      count = s > en ? (s - en + (-steps[i]) - 1) / (-steps[i]) : 0;
+    }
+    begin[static_cast<std::size_t>(axis)] = s;
+    step[static_cast<std::size_t>(axis)] = steps[i];
+    dims[static_cast<std::size_t>(axis)] = count;
+  }
+  if (auto failure = e.tooLarge(x.type, dims)) return *failure;
+  const auto index = stridedIndex(dims, begin, step, stridesOf(x.dims));
+  return e.finish(gathered(x, std::move(dims), index));
+}
+
+ResultPtr evaluateGather(const NodeEvaluation& e) {
+  const Result& x = e.x();
+  auto indices = e.intsOf(1);
+  if (!indices) return e.unsupported("has indices that are not constant integers");
+  const auto rank = static_cast<int64_t>(x.dims.size());
+  const int64_t axis = normalizedAxis(e.node.attributeInt("axis", 0), rank);
+  if (axis < 0 || axis >= rank) return e.unsupported("has an invalid axis");
+  const int64_t dim = x.dims[static_cast<std::size_t>(axis)];
+  Dims dims(x.dims.begin(), x.dims.begin() + axis);
+  dims.insert(dims.end(), e.input(1)->dims.begin(), e.input(1)->dims.end());
+  dims.insert(dims.end(), x.dims.begin() + axis + 1, x.dims.end());
+  if (auto failure = e.tooLarge(x.type, dims)) return *failure;
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= x.dims[static_cast<std::size_t>(i)];
+  for (int64_t i = axis + 1; i < rank; ++i) inner *= x.dims[static_cast<std::size_t>(i)];
+  std::vector<int64_t> index;
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t k : *indices) {
+      const int64_t at = k < 0 ? k + dim : k;
+      if (at < 0 || at >= dim) return e.unsupported("has an index out of range");
+      for (int64_t i = 0; i < inner; ++i) index.push_back((o * dim + at) * inner + i);
+    }
+  return e.finish(gathered(x, std::move(dims), index));
+}
+
+ResultPtr evaluateExpand(const NodeEvaluation& e) {
+  const Result& x = e.x();
+  auto shape = e.intsOf(1);
+  if (!shape) return e.unsupported("has a shape that is not constant integers");
+  const auto dims = broadcastDims(x.dims, *shape);
+  if (!dims)
+    return e.unsupported("expands " + formatDims(x.dims) + " to " + formatDims(*shape) + ", which does not broadcast");
+  if (auto failure = e.tooLarge(x.type, *dims)) return *failure;
+  return e.finish(gathered(x, *dims, broadcastIndex(x.dims, *dims, *checkedElementCount(*dims))));
+}
+
+ResultPtr evaluateConstantOfShape(const NodeEvaluation& e) {
+  auto shape = e.intsOf(0);
+  if (!shape) return e.unsupported("has a shape that is not constant integers");
+  const Tensor* fill = e.node.attributeTensor("value");
+  const DataType type = fill ? fill->dataType() : DataType::Float;
+  if (fill && (fill->elementCount() != 1 || !isSupportedType(type)))
+    return e.unsupported("has a value that is not one number");
+  if (auto failure = e.tooLarge(type, *shape)) return *failure;
+  const int64_t count = *checkedElementCount(*shape);
+  auto out = std::make_shared<Result>();
+  out->type = type;
+  out->dims = *shape;
+  if (isFloatingPoint(type)) out->reals.assign(static_cast<std::size_t>(count), fill ? fill->toDoubles()[0] : 0.0);
+  else out->ints.assign(static_cast<std::size_t>(count), fill->toInt64s()[0]);
+  return e.finish(out);
+}
+
+/// An op the evaluator computes: its handler, and the versions it was written for (understood_ops.h).
+struct ConstantOp {
+  ResultPtr (*evaluate)(const NodeEvaluation&);
+  const OpVersions* versions;
+};
+
+/// Every op constant evaluation computes, keyed by op type: adding an op is one entry.
+const std::unordered_map<std::string, ConstantOp>& constantOps() {
+  static const std::unordered_map<std::string, ConstantOp> table = {
+      {"Identity", {evaluateIdentity, &kIdentity}},
+      {"Reshape", {evaluateReshape, &kReshape}},
+      {"Squeeze", {evaluateSqueezeOrUnsqueeze, &kSqueeze}},
+      {"Unsqueeze", {evaluateSqueezeOrUnsqueeze, &kUnsqueeze}},
+      {"Flatten", {evaluateFlatten, &kFlatten}},
+      {"Sqrt", {evaluateUnary, &kSqrt}},
+      {"Reciprocal", {evaluateUnary, &kReciprocal}},
+      {"Neg", {evaluateUnary, &kNeg}},
+      {"Add", {evaluateBinary, &kAdd}},
+      {"Sub", {evaluateBinary, &kSub}},
+      {"Mul", {evaluateBinary, &kMul}},
+      {"Div", {evaluateBinary, &kDiv}},
+      {"Pow", {evaluateBinary, &kPow}},
+      {"Max", {evaluateBinary, &kMax}},
+      {"Min", {evaluateBinary, &kMin}},
+      {"Cast", {evaluateCast, &kCast}},
+      {"Transpose", {evaluateTranspose, &kTranspose}},
+      {"Concat", {evaluateConcat, &kConcat}},
+      {"Slice", {evaluateSlice, &kSlice}},
+      {"Gather", {evaluateGather, &kGather}},
+      {"Expand", {evaluateExpand, &kExpand}},
+      {"ConstantOfShape", {evaluateConstantOfShape, &kConstantOfShape}},
+  };
+  return table;
 }
 
 }  // namespace
 
 bool isConstantFoldableOp(const Node& node) {
-  return node.isOnnxDomain() && opTable().count(node.opType()) != 0;
+  return node.isOnnxDomain() && constantOps().count(node.opType()) != 0;
 }
 
 ConstantEvaluator::ConstantEvaluator(const RuleContext& context) : context_(context) {}
 ConstantEvaluator::~ConstantEvaluator() = default;
 
+void ConstantEvaluator::forgetIfModelChanged() {
+  const uint64_t changes = context_.model().changeCount();
+  if (changes == cachedAtChange_) return;
+  cachedAtChange_ = changes;
+  if (!results_.empty()) results_.clear();
+  if (!failures_.empty()) failures_.clear();
+  if (!tensors_.empty()) tensors_.clear();
+  handedOut_.clear();
+}
+
 const Tensor* ConstantEvaluator::evaluate(const Value& value, MatchFailure* whyNot) {
+  forgetIfModelChanged();
   auto pend = [&](const Value* v) {
-    if (std::find(pending_.begin(), pending_.end(), v) == pending_.end()) pending_.push_back(v);
+    if (std::find(handedOut_.begin(), handedOut_.end(), v) == handedOut_.end()) handedOut_.push_back(v);
   };
   if (auto known = tensors_.find(&value); known != tensors_.end()) {
     pend(&value);
@@ -275,15 +631,15 @@ const Tensor* ConstantEvaluator::evaluate(const Value& value, MatchFailure* whyN
   return tensor;
 }
 
-std::vector<EvaluatedConstant> ConstantEvaluator::takePending() {
+std::vector<EvaluatedConstant> ConstantEvaluator::takeHandedOut() {
   std::vector<EvaluatedConstant> out;
-  for (const Value* value : pending_) {
+  for (const Value* value : handedOut_) {
     auto it = tensors_.find(value);
     if (it == tensors_.end()) continue;
     out.push_back(std::move(it->second));
     tensors_.erase(it);
   }
-  pending_.clear();
+  handedOut_.clear();
   return out;
 }
 
@@ -334,7 +690,8 @@ ResultPtr ConstantEvaluator::evaluateValue(const Value& value, int depth, MatchF
   if (!isConstantFoldableOp(*producer))
     return fail(reason::kParamsNotConstant, "'" + value.name() + "' is computed at run time by node '" +
                                            producer->name() + "' (" + producer->opType() + ")");
-  if (auto problem = opsetProblem(understoodVersions(producer->opType()), context_.opset(), "constant evaluation"))
+  if (auto problem = opsetProblem({*constantOps().at(producer->opType()).versions}, context_.opset(),
+                                  "constant evaluation"))
     return fail(reason::kParamsNotConstant, "'" + value.name() + "' is computed by " + describe(*producer) + ", but " +
                                                *problem);
   if (context_.isKept(*producer))
@@ -348,13 +705,6 @@ ResultPtr ConstantEvaluator::evaluateValue(const Value& value, int depth, MatchF
 }
 
 ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFailure* whyNot) {
-  const std::string& op = node.opType();
-  auto fail = [&](ReasonCode code, const std::string& problem) -> ResultPtr {
-    if (whyNot) *whyNot = {code, describe(node) + " " + problem};
-    return nullptr;
-  };
-  auto unsupported = [&](const std::string& problem) { return fail(reason::kParamsNotConstant, problem); };
-
   // Inputs first (an omitted optional input stays null).
   std::vector<ResultPtr> inputs;
   std::vector<const Node*> nodes;
@@ -370,372 +720,11 @@ ResultPtr ConstantEvaluator::evaluateNode(const Node& node, int depth, MatchFail
     inputs.push_back(std::move(in));
   }
   nodes.push_back(&node);
-  auto input = [&](std::size_t i) -> const Result* { return i < inputs.size() ? inputs[i].get() : nullptr; };
+  const NodeEvaluation evaluation{node, std::move(inputs), std::move(nodes), context_.opset(),
+                                  context_.options().maxConstantBytes, whyNot};
   // Every op here reads input 0 (Concat's first operand gives the type and rank), so an omitted one ends it.
-  if (!input(0)) return unsupported("has no first input");
-
-  // Every computed op checks its output's size before allocating it.
-  const int64_t limit = context_.options().maxConstantBytes;
-  auto sizeOk = [&](DataType type, const Dims& dims, std::string* problem) {
-    const auto count = checkedElementCount(dims);
-    int64_t bytes = 0;
-    if (!count || __builtin_mul_overflow(*count, static_cast<int64_t>(elementSize(type)), &bytes) ||
-        bytes > limit) {
-      *problem = "would compute a tensor of dims " + dimsText(dims) + ", more than the limit of " +
-                 std::to_string(limit) + " bytes for constant evaluation (--max-constant-size)";
-      return false;
-    }
-    return true;
-  };
-  auto tooLarge = [&](DataType type, const Dims& dims) -> std::optional<ResultPtr> {
-    std::string problem;
-    if (sizeOk(type, dims, &problem)) return std::nullopt;
-    return fail(reason::kConstantTooLarge, problem);
-  };
-  auto finish = [&](std::shared_ptr<Result> out) -> ResultPtr {
-    out->nodes = nodes;
-    return out;
-  };
-  // Integer operands (shapes, axes, indices) as int64.
-  auto intsOf = [&](std::size_t i) -> std::optional<std::vector<int64_t>> {
-    const Result* in = input(i);
-    if (!in || !isIntegerType(in->type)) return std::nullopt;
-    return in->intValues();
-  };
-
-  const Result& x = *input(0);
-  const OpKind kind = opTable().at(op);
-  switch (kind) {
-    case OpKind::View: {
-      Dims dims;
-      if (op == "Identity") {
-        dims = x.dims;
-      } else if (op == "Reshape") {
-        std::vector<int64_t> shape;
-        if (auto fromInput = intsOf(1)) shape = *fromInput;
-        else if (node.hasAttribute("shape")) shape = node.attributeInts("shape");
-        else return unsupported("has no constant int64 shape");
-        const bool allowZero = node.attributeInt("allowzero", 0) != 0;
-        int64_t known = 1;
-        int inferred = -1;
-        for (std::size_t i = 0; i < shape.size(); ++i) {
-          int64_t d = shape[i];
-          if (d == 0 && !allowZero) {
-            if (i >= x.dims.size()) return unsupported("copies dim " + std::to_string(i) + " that does not exist");
-            d = x.dims[i];
-          }
-          if (d == -1) {
-            if (inferred >= 0) return unsupported("has two -1 dims");
-            inferred = static_cast<int>(i);
-            dims.push_back(-1);
-            continue;
-          }
-          if (d < 0) return unsupported("has a negative target dim");
-          dims.push_back(d);
-          const std::optional<int64_t> product = checkedProduct(known, d);
-          if (!product) return unsupported("reshapes to dims whose element count does not fit in 64 bits");
-          known = *product;
-        }
-        const int64_t total = x.count();
-        if (inferred >= 0) {
-          if (known == 0 || total % known != 0) return unsupported("cannot infer its -1 dim");
-          dims[static_cast<std::size_t>(inferred)] = total / known;
-        } else if (known != total) {
-          return unsupported("reshapes " + dimsText(x.dims) + " to " + dimsText(dims) + ", a different size");
-        }
-      } else if (op == "Unsqueeze" || op == "Squeeze") {
-        std::vector<int64_t> axes;
-        if (input(1)) {
-          auto fromInput = intsOf(1);
-          if (!fromInput) return unsupported("has axes that are not int64");
-          axes = *fromInput;
-        } else {
-          axes = node.attributeInts("axes");
-        }
-        if (op == "Unsqueeze") {
-          const auto rank = static_cast<int64_t>(x.dims.size() + axes.size());
-          std::vector<bool> inserted(static_cast<std::size_t>(rank), false);
-          for (int64_t a : axes) {
-            a = normalizedAxis(a, rank);
-            if (a < 0 || a >= rank || inserted[static_cast<std::size_t>(a)]) return unsupported("has invalid axes");
-            inserted[static_cast<std::size_t>(a)] = true;
-          }
-          std::size_t next = 0;
-          for (int64_t i = 0; i < rank; ++i) dims.push_back(inserted[static_cast<std::size_t>(i)] ? 1 : x.dims[next++]);
-        } else {
-          const auto rank = static_cast<int64_t>(x.dims.size());
-          std::vector<bool> removed(x.dims.size(), false);
-          for (int64_t a : axes) {
-            a = normalizedAxis(a, rank);
-            if (a < 0 || a >= rank || x.dims[static_cast<std::size_t>(a)] != 1)
-              return unsupported("squeezes an axis that is not of size 1");
-            removed[static_cast<std::size_t>(a)] = true;
-          }
-          for (std::size_t i = 0; i < x.dims.size(); ++i)
-            if (!(axes.empty() ? x.dims[i] == 1 : removed[i])) dims.push_back(x.dims[i]);
-        }
-      } else {  // Flatten
-        const auto rank = static_cast<int64_t>(x.dims.size());
-        const int64_t axis = normalizedAxis(node.attributeInt("axis", 1), rank);
-        if (axis < 0 || axis > rank) return unsupported("has an invalid axis");
-        int64_t outer = 1, inner = 1;
-        for (int64_t i = 0; i < rank; ++i) (i < axis ? outer : inner) *= x.dims[static_cast<std::size_t>(i)];
-        dims = {outer, inner};
-      }
-      auto out = std::make_shared<Result>(x);
-      out->dims = std::move(dims);
-      return finish(out);
-    }
-    case OpKind::Unary: {
-      if (!x.floating() && op != "Neg") return unsupported("has a non-floating input");
-      auto out = std::make_shared<Result>();
-      out->type = x.type;
-      out->dims = x.dims;
-      if (x.floating()) {
-        out->reals = x.realValues();
-        for (double& v : out->reals) v = op == "Sqrt" ? std::sqrt(v) : op == "Reciprocal" ? 1.0 / v : -v;
-      } else {
-        out->ints = x.intValues();
-        for (int64_t& v : out->ints) v = wrapToType(x.type, -v);
-      }
-      return finish(out);
-    }
-    case OpKind::Binary: {
-      std::shared_ptr<Result> acc;
-      for (std::size_t i = 1; i < inputs.size() || (i == 1 && inputs.size() == 1); ++i) {
-        const Result& a = acc ? *acc : x;
-        if (inputs.size() == 1) return finish(std::make_shared<Result>(x));  // Max/Min of one input
-        const Result* b = input(i);
-        if (!b) return unsupported("has an omitted input");
-        if (op != "Pow" && b->type != a.type) return unsupported("mixes element types");
-        Dims bDims = b->dims;
-        if (context_.opset() < kNumpyBroadcastOpset && node.attributeInt("broadcast", 0) != 0) {
-          // Legacy broadcasting: B's dims stand at `axis` of A's (suffix-aligned without it).
-          const auto rank = static_cast<int64_t>(a.dims.size());
-          const int64_t axis = node.hasAttribute("axis") ? normalizedAxis(node.attributeInt("axis", 0), rank)
-                                                         : rank - static_cast<int64_t>(bDims.size());
-          if (axis < 0 || axis + static_cast<int64_t>(bDims.size()) > rank) return unsupported("has an invalid axis");
-          Dims aligned(static_cast<std::size_t>(rank), 1);
-          std::copy(bDims.begin(), bDims.end(), aligned.begin() + axis);
-          bDims = aligned;
-        } else if (context_.opset() < kNumpyBroadcastOpset && bDims != a.dims) {
-          return unsupported("combines different shapes without broadcast=1 at opset " +
-                             std::to_string(context_.opset()));
-        }
-        const auto dims = broadcastDims(a.dims, bDims);
-        if (!dims) return unsupported("has shapes " + dimsText(a.dims) + " and " + dimsText(b->dims) +
-                                      " that do not broadcast");
-        if (auto failure = tooLarge(a.type, *dims)) return *failure;
-        const int64_t count = *checkedElementCount(dims.value());
-        const auto ia = broadcastIndex(a.dims, *dims, count);
-        const auto ib = broadcastIndex(bDims, *dims, count);
-        auto out = std::make_shared<Result>();
-        out->type = a.type;
-        out->dims = *dims;
-        if (a.floating()) {
-          const auto va = a.realValues();
-          const auto vb = b->realValues();
-          out->reals.resize(static_cast<std::size_t>(count));
-          for (std::size_t e = 0; e < out->reals.size(); ++e)
-            out->reals[e] = applyReal(op, va[static_cast<std::size_t>(ia[e])], vb[static_cast<std::size_t>(ib[e])]);
-        } else {
-          if (!isIntegerType(b->type)) return unsupported("has a non-integer exponent for an integer base");
-          const auto va = a.intValues();
-          const auto vb = b->intValues();
-          out->ints.resize(static_cast<std::size_t>(count));
-          for (std::size_t e = 0; e < out->ints.size(); ++e) {
-            auto v = applyInt(op, va[static_cast<std::size_t>(ia[e])], vb[static_cast<std::size_t>(ib[e])]);
-            if (!v) return unsupported("divides an integer by zero");
-            out->ints[e] = wrapToType(a.type, *v);
-          }
-        }
-        acc = std::move(out);
-      }
-      return finish(acc);
-    }
-    case OpKind::Cast: {
-      const auto to = static_cast<DataType>(node.attributeInt("to", 0));
-      if (!isSupportedType(to)) return unsupported("casts to " + dataTypeName(to) + ", which bnfold does not evaluate");
-      if (auto failure = tooLarge(to, x.dims)) return *failure;
-      auto out = std::make_shared<Result>();
-      out->type = to;
-      out->dims = x.dims;
-      if (isFloatingPoint(to)) {
-        if (x.floating()) {
-          out->reals = roundTo(to, x.dims, x.realValues());
-        } else {
-          for (int64_t v : x.intValues()) out->reals.push_back(static_cast<double>(v));
-          out->reals = roundTo(to, x.dims, out->reals);
-        }
-      } else if (x.floating()) {
-        for (double v : x.realValues()) {
-          if (!std::isfinite(v) || std::fabs(v) >= 9.2e18) return unsupported("casts a value out of integer range");
-          out->ints.push_back(wrapToType(to, to == DataType::Bool ? (v != 0.0) : static_cast<int64_t>(std::trunc(v))));
-        }
-      } else {
-        for (int64_t v : x.intValues()) out->ints.push_back(wrapToType(to, v));
-      }
-      return finish(out);
-    }
-    case OpKind::Transpose: {
-      const auto rank = static_cast<int64_t>(x.dims.size());
-      std::vector<int64_t> perm = node.attributeInts("perm");
-      if (perm.empty())
-        for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
-      std::vector<int64_t> sorted = perm;
-      std::sort(sorted.begin(), sorted.end());
-      std::vector<int64_t> identity(static_cast<std::size_t>(rank));
-      std::iota(identity.begin(), identity.end(), 0);
-      if (sorted != identity) return unsupported("has an invalid perm");
-      if (auto failure = tooLarge(x.type, x.dims)) return *failure;
-      const Dims inStrides = stridesOf(x.dims);
-      Dims dims(perm.size()), stride(perm.size());
-      for (std::size_t i = 0; i < perm.size(); ++i) {
-        dims[i] = x.dims[static_cast<std::size_t>(perm[i])];
-        stride[i] = inStrides[static_cast<std::size_t>(perm[i])];
-      }
-      const auto index = stridedIndex(dims, Dims(dims.size(), 0), Dims(dims.size(), 1), stride);
-      return finish(gathered(x, std::move(dims), index));
-    }
-    case OpKind::Concat: {
-      const Result* first = input(0);
-      const auto rank = static_cast<int64_t>(first->dims.size());
-      const int64_t axis = normalizedAxis(node.attributeInt("axis", 0), rank);
-      if (axis < 0 || axis >= rank) return unsupported("has an invalid axis");
-      Dims dims = first->dims;
-      dims[static_cast<std::size_t>(axis)] = 0;
-      for (const auto& in : inputs) {
-        if (!in || in->type != first->type || in->dims.size() != first->dims.size())
-          return unsupported("has inputs of different types or ranks");
-        for (int64_t i = 0; i < rank; ++i)
-          if (i != axis && in->dims[static_cast<std::size_t>(i)] != first->dims[static_cast<std::size_t>(i)])
-            return unsupported("has inputs whose dims differ off the concatenation axis");
-        dims[static_cast<std::size_t>(axis)] += in->dims[static_cast<std::size_t>(axis)];
-      }
-      if (auto failure = tooLarge(first->type, dims)) return *failure;
-      int64_t outer = 1;
-      for (int64_t i = 0; i < axis; ++i) outer *= dims[static_cast<std::size_t>(i)];
-      auto out = std::make_shared<Result>();
-      out->type = first->type;
-      out->dims = dims;
-      std::vector<std::vector<double>> reals;
-      std::vector<std::vector<int64_t>> ints;
-      for (const auto& in : inputs) {
-        if (out->floating()) reals.push_back(in->realValues());
-        else ints.push_back(in->intValues());
-      }
-      for (int64_t o = 0; o < outer; ++o) {
-        for (std::size_t j = 0; j < inputs.size(); ++j) {
-          const int64_t block = outer == 0 ? 0 : inputs[j]->count() / outer;
-          const auto begin = static_cast<std::ptrdiff_t>(o * block);
-          if (out->floating()) out->reals.insert(out->reals.end(), reals[j].begin() + begin, reals[j].begin() + begin + block);
-          else out->ints.insert(out->ints.end(), ints[j].begin() + begin, ints[j].begin() + begin + block);
-        }
-      }
-      return finish(out);
-    }
-    case OpKind::Slice: {
-      const auto rank = static_cast<int64_t>(x.dims.size());
-      std::vector<int64_t> starts, ends, axes, steps;
-      if (input(1)) {
-        auto s = intsOf(1), e = intsOf(2);
-        if (!s || !e) return unsupported("has starts/ends that are not constant integers");
-        starts = *s;
-        ends = *e;
-        if (input(3)) {
-          auto a = intsOf(3);
-          if (!a) return unsupported("has axes that are not constant integers");
-          axes = *a;
-        }
-        if (input(4)) {
-          auto st = intsOf(4);
-          if (!st) return unsupported("has steps that are not constant integers");
-          steps = *st;
-        }
-      } else {
-        starts = node.attributeInts("starts");
-        ends = node.attributeInts("ends");
-        axes = node.attributeInts("axes");
-      }
-      if (axes.empty())
-        for (std::size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
-      if (steps.empty()) steps.assign(starts.size(), 1);
-      if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
-        return unsupported("has starts, ends, axes and steps of different lengths");
-      Dims begin(static_cast<std::size_t>(rank), 0), step(static_cast<std::size_t>(rank), 1), dims = x.dims;
-      for (std::size_t i = 0; i < starts.size(); ++i) {
-        const int64_t axis = normalizedAxis(axes[i], rank);
-        if (axis < 0 || axis >= rank || steps[i] == 0) return unsupported("has an invalid axis or step");
-        const int64_t dim = x.dims[static_cast<std::size_t>(axis)];
-        int64_t s = starts[i] < 0 ? starts[i] + dim : starts[i];
-        int64_t e = ends[i] < 0 && ends[i] > INT64_MIN + dim ? ends[i] + dim : ends[i];
-        int64_t count = 0;
-        if (steps[i] > 0) {
-          s = std::clamp<int64_t>(s, 0, dim);
-          e = std::clamp<int64_t>(e, 0, dim);
-          count = e > s ? (e - s + steps[i] - 1) / steps[i] : 0;
-        } else {
-          s = std::clamp<int64_t>(s, -1, dim - 1);
-          e = std::clamp<int64_t>(e, -1, dim - 1);
-          count = s > e ? (s - e + (-steps[i]) - 1) / (-steps[i]) : 0;
-        }
-        begin[static_cast<std::size_t>(axis)] = s;
-        step[static_cast<std::size_t>(axis)] = steps[i];
-        dims[static_cast<std::size_t>(axis)] = count;
-      }
-      if (auto failure = tooLarge(x.type, dims)) return *failure;
-      const auto index = stridedIndex(dims, begin, step, stridesOf(x.dims));
-      return finish(gathered(x, std::move(dims), index));
-    }
-    case OpKind::Gather: {
-      auto indices = intsOf(1);
-      if (!indices) return unsupported("has indices that are not constant integers");
-      const auto rank = static_cast<int64_t>(x.dims.size());
-      const int64_t axis = normalizedAxis(node.attributeInt("axis", 0), rank);
-      if (axis < 0 || axis >= rank) return unsupported("has an invalid axis");
-      const int64_t dim = x.dims[static_cast<std::size_t>(axis)];
-      Dims dims(x.dims.begin(), x.dims.begin() + axis);
-      dims.insert(dims.end(), input(1)->dims.begin(), input(1)->dims.end());
-      dims.insert(dims.end(), x.dims.begin() + axis + 1, x.dims.end());
-      if (auto failure = tooLarge(x.type, dims)) return *failure;
-      int64_t outer = 1, inner = 1;
-      for (int64_t i = 0; i < axis; ++i) outer *= x.dims[static_cast<std::size_t>(i)];
-      for (int64_t i = axis + 1; i < rank; ++i) inner *= x.dims[static_cast<std::size_t>(i)];
-      std::vector<int64_t> index;
-      for (int64_t o = 0; o < outer; ++o)
-        for (int64_t k : *indices) {
-          const int64_t at = k < 0 ? k + dim : k;
-          if (at < 0 || at >= dim) return unsupported("has an index out of range");
-          for (int64_t i = 0; i < inner; ++i) index.push_back((o * dim + at) * inner + i);
-        }
-      return finish(gathered(x, std::move(dims), index));
-    }
-    case OpKind::Expand: {
-      auto shape = intsOf(1);
-      if (!shape) return unsupported("has a shape that is not constant integers");
-      const auto dims = broadcastDims(x.dims, *shape);
-      if (!dims) return unsupported("expands " + dimsText(x.dims) + " to " + dimsText(*shape) + ", which does not broadcast");
-      if (auto failure = tooLarge(x.type, *dims)) return *failure;
-      return finish(gathered(x, *dims, broadcastIndex(x.dims, *dims, *checkedElementCount(*dims))));
-    }
-    case OpKind::ConstantOfShape: {
-      auto shape = intsOf(0);
-      if (!shape) return unsupported("has a shape that is not constant integers");
-      const Tensor* fill = node.attributeTensor("value");
-      const DataType type = fill ? fill->dataType() : DataType::Float;
-      if (fill && (fill->elementCount() != 1 || !isSupportedType(type)))
-        return unsupported("has a value that is not one number");
-      if (auto failure = tooLarge(type, *shape)) return *failure;
-      const int64_t count = *checkedElementCount(*shape);
-      auto out = std::make_shared<Result>();
-      out->type = type;
-      out->dims = *shape;
-      if (isFloatingPoint(type)) out->reals.assign(static_cast<std::size_t>(count), fill ? fill->toDoubles()[0] : 0.0);
-      else out->ints.assign(static_cast<std::size_t>(count), fill->toInt64s()[0]);
-      return finish(out);
-    }
-  }
-  return unsupported("is not evaluated");
+  if (!evaluation.input(0)) return evaluation.unsupported("has no first input");
+  return constantOps().at(node.opType()).evaluate(evaluation);
 }
 
 }  // namespace bnfold

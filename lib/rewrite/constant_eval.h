@@ -7,8 +7,9 @@
 // and exact where it can be: floating values are computed in double and rounded once, to the chain's output type,
 // when a tensor is made of them (an explicit Cast to a narrower type rounds where it stands); integers are
 // computed in int64. Shape-only ops (Identity, Reshape, Squeeze, Unsqueeze, Flatten) of a stored tensor share its
-// bytes instead of copying them. The driver then has the Rewriter materialise what a successful match used (see
-// Rewriter::materializeConstant), so provenance and dead-node removal go through the one mutator.
+// bytes instead of copying them. A successful match carries what it used (RuleContext::match) and the Rewriter
+// materialises it (Rewriter::apply), so provenance and dead-node removal go through the one mutator. Everything
+// cached is forgotten when the model changes (Model::changeCount): a rewrite may change what a chain computes.
 
 #include <cstdint>
 #include <memory>
@@ -25,13 +26,6 @@ namespace bnfold {
 /// Dead-node removal takes only such nodes (and Constant).
 bool isConstantFoldableOp(const Node& node);
 
-/// A chain's value as a tensor, with the nodes it was computed by (in evaluation order).
-struct EvaluatedConstant {
-  const Value* value = nullptr;
-  std::unique_ptr<Tensor> tensor;
-  std::vector<const Node*> nodes;
-};
-
 class ConstantEvaluator {
  public:
   explicit ConstantEvaluator(const RuleContext& context);
@@ -39,25 +33,29 @@ class ConstantEvaluator {
 
   /// The constant computed by the chain behind `value` (whose producer is not a Constant node), or null with
   /// `whyNot` set: params-not-constant (a run-time input or an op it cannot evaluate), params-overridable,
-  /// quantized-weights, constant-too-large, param-kept-by-user. The tensor lives until takePending/the end.
+  /// quantized-weights, constant-too-large, param-kept-by-user. The tensor lives until takeHandedOut moves it out,
+  /// or the model changes, or the evaluator goes.
   const Tensor* evaluate(const Value& value, MatchFailure* whyNot);
 
-  /// The chain values handed to rules since the last call, with their tensors (moved out).
-  std::vector<EvaluatedConstant> takePending();
-  /// Forgets which values were handed out since the last call (their tensors stay cached).
-  void discardPending() { pending_.clear(); }
+  /// A match starts: forgets which values were handed out (their tensors stay cached while the model is unchanged).
+  void startMatch() { handedOut_.clear(); }
+  /// The chain values handed out since startMatch, with their tensors (moved out of the cache).
+  std::vector<EvaluatedConstant> takeHandedOut();
 
   struct Result;  // an intermediate value (constant_eval.cpp)
 
  private:
   std::shared_ptr<const Result> evaluateValue(const Value& value, int depth, MatchFailure* whyNot);
   std::shared_ptr<const Result> evaluateNode(const Node& node, int depth, MatchFailure* whyNot);
+  /// Drops everything cached when the model changed since it was computed.
+  void forgetIfModelChanged();
 
   const RuleContext& context_;
   std::unordered_map<const Value*, std::shared_ptr<const Result>> results_;
   std::unordered_map<const Value*, MatchFailure> failures_;
   std::unordered_map<const Value*, EvaluatedConstant> tensors_;
-  std::vector<const Value*> pending_;
+  std::vector<const Value*> handedOut_;
+  uint64_t cachedAtChange_ = 0;  // Model::changeCount when the cache was last known valid
 };
 
 }  // namespace bnfold

@@ -14,14 +14,39 @@ namespace bnfold {
 Rewriter::Rewriter(Model& model, Report& report) : model_(model), report_(report) {}
 Rewriter::~Rewriter() { finish(); }
 
-void Rewriter::touch(Node* node) {
-  if (node && !node->erased_) touched_.push_back(node);
+void Rewriter::addListener(RewriteListener* listener) { listeners_.push_back(listener); }
+
+void Rewriter::removeListener(RewriteListener* listener) {
+  listeners_.erase(std::remove(listeners_.begin(), listeners_.end(), listener), listeners_.end());
 }
 
-std::vector<Node*> Rewriter::takeTouched() {
-  std::vector<Node*> out;
-  out.swap(touched_);
-  return out;
+void Rewriter::notifyCreated(const Node& node) {
+  ++model_.changeCount_;
+  for (RewriteListener* listener : listeners_) listener->nodeCreated(node);
+}
+
+void Rewriter::notifyWillChange(const Node* node) {
+  if (!node) return;
+  ++model_.changeCount_;
+  for (RewriteListener* listener : listeners_) listener->nodeWillChange(*node);
+}
+
+void Rewriter::notifyChanged(const Node* node) {
+  if (!node || node->erased_) return;
+  for (RewriteListener* listener : listeners_) listener->nodeChanged(*node);
+}
+
+void Rewriter::notifyErased(const Node& node) {
+  for (RewriteListener* listener : listeners_) listener->nodeErased(node);
+}
+
+void Rewriter::apply(const Rule& rule, MatchResult& result) {
+  beginRule(&rule);
+  // The match read these constants as tensors it holds; they become initializers before the rewrite reads them.
+  for (EvaluatedConstant& evaluated : result.evaluatedConstants())
+    materializeConstant(evaluated.value, std::move(evaluated.tensor), evaluated.nodes);
+  result.evaluatedConstants().clear();
+  rule.rewrite(result.match(), *this);
 }
 
 Value* Rewriter::addInitializer(const Graph& constGraph, Tensor tensor, const std::string& nameHint) {
@@ -40,6 +65,7 @@ void Rewriter::attachInitializer(Graph& graph, Value* value, std::unique_ptr<Ten
   value->initializer_ = std::move(tensor);
   graph.initializers_.push_back(value);
   markDirty(graph);  // finish() lists it among the graph inputs in IR version 3
+  ++model_.changeCount_;
 }
 
 Node* Rewriter::createNode(const Node* anchor, const std::string& opType, const std::vector<const Value*>& inputs,
@@ -64,8 +90,7 @@ Node* Rewriter::createNode(const Node* anchor, const std::string& opType, const 
   }
   node->position_ = graph.nodes_.insert(anchor->position_, std::move(owned));
   graph.everyNodeNumbered_ = false;  // the new node is kUnnumbered
-  touch(node);
-  if (listener_) listener_->nodeCreated(*node);
+  notifyCreated(*node);
   return node;
 }
 
@@ -76,27 +101,27 @@ void Rewriter::setInput(const Node* constNode, int slot, const Value* constValue
   if (node->inputs_.size() <= index) node->inputs_.resize(index + 1, nullptr);
   Value* old = node->inputs_[index];
   if (old == value) return;
-  willChange(node);
+  notifyWillChange(node);
   node->inputs_[index] = value;
   if (value) value->uses_.push_back({node, slot});
   // Trailing omitted inputs are dropped so the node stays in canonical form.
   while (!node->inputs_.empty() && node->inputs_.back() == nullptr) node->inputs_.pop_back();
-  touch(node);
+  notifyChanged(node);
   if (old) removeUse(old, node, slot);
 }
 
 void Rewriter::setAttribute(const Node* constNode, onnx::AttributeProto attribute) {
   auto* node = const_cast<Node*>(constNode);
-  willChange(node);
+  notifyWillChange(node);
   for (auto& existing : *node->proto_->mutable_attribute()) {
     if (existing.name() == attribute.name()) {
       existing = std::move(attribute);
-      touch(node);
+      notifyChanged(node);
       return;
     }
   }
   *node->proto_->add_attribute() = std::move(attribute);
-  touch(node);
+  notifyChanged(node);
 }
 
 void Rewriter::removeAttribute(const Node* constNode, const std::string& name) {
@@ -106,7 +131,7 @@ void Rewriter::removeAttribute(const Node* constNode, const std::string& name) {
     if (attrs->Get(i).name() != name) continue;
     for (const auto& slot : node->subgraphs())
       if (slot.attributeIndex == i) throw std::logic_error("removeAttribute: '" + name + "' holds a subgraph");
-    willChange(node);
+    notifyWillChange(node);
     attrs->erase(attrs->begin() + i);
     // Later attributes moved down by one.
     if (Node::Extras* extras = node->extras_.get()) {
@@ -122,7 +147,7 @@ void Rewriter::removeAttribute(const Node* constNode, const std::string& name) {
         ++it;
       }
     }
-    touch(node);
+    notifyChanged(node);
     return;
   }
 }
@@ -135,8 +160,9 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
   Graph& graph = *to->graph_;
   if (from->graph_ != to->graph_) throw std::logic_error("replaceValueKeepingName: values of different graphs");
   // The readers of `from` read the same name afterwards: only the two producers change.
-  willChange(oldProducer);
-  willChange(to->producer_);
+  notifyWillChange(oldProducer);
+  notifyWillChange(to->producer_);
+  for (RewriteListener* listener : listeners_) listener->valueReplaced(*from, *to);
 
   // Detach the readers of `to` that belong to the node going away (its only readers, by precondition).
   if (oldProducer) {
@@ -151,7 +177,7 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
   for (const Use& use : from->uses_) {
     use.node->inputs_[static_cast<std::size_t>(use.slot)] = to;
     to->uses_.push_back(use);
-    touch(use.node);
+    notifyChanged(use.node);
   }
   from->uses_.clear();
   // `to` takes `from`'s name and entry, and `from`, retired, `to`'s: that entry keeps `to`'s old name reserved.
@@ -175,7 +201,7 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
   to->graphOutput_ = from->graphOutput_;
   from->graphOutput_ = false;
   markDirty(graph);
-  if (to->producer_) touch(to->producer_);
+  if (to->producer_) notifyChanged(to->producer_);
   if (oldProducer) {
     // The remaining outputs of the old producer must be unread for it to go.
     bool stillRead = false;
@@ -187,7 +213,7 @@ void Rewriter::replaceValueKeepingName(const Value* constFrom, const Value* cons
       // The old producer stays for its other outputs; this one becomes an omitted output.
       oldProducer->outputs_[static_cast<std::size_t>(from->producerOutput_)] = nullptr;
       retireValue(from);
-      touch(oldProducer);
+      notifyChanged(oldProducer);
     }
   }
 }
@@ -201,11 +227,10 @@ void Rewriter::eraseNode(const Node* constNode) {
       throw std::logic_error("eraseNode: output '" + output->name() + "' of '" + node->name() + "' is still read");
   }
   Graph& graph = *node->graph_;
-  willChange(node);
+  notifyWillChange(node);
   node->erased_ = true;
   if (erasedLog_) erasedLog_->push_back(node->name());
-  for (Value* input : node->inputs_)
-    if (input) touch(input->producer_);
+  notifyErased(*node);
   auto owned = std::move(*node->position_);
   graph.nodes_.erase(node->position_);
   if (!node->subgraphs().empty()) --graph.nodesWithSubgraphs_;
@@ -264,7 +289,7 @@ void Rewriter::materializeConstant(const Value* constValue, std::unique_ptr<Tens
   std::vector<std::string> erased;
   erasedLog_ = &erased;
   if (Node* producer = value->producer_) {
-    willChange(producer);
+    notifyWillChange(producer);
     // The producer loses this output; it (and the chain behind it) goes when nothing else reads it.
     producer->outputs_[static_cast<std::size_t>(value->producerOutput_)] = nullptr;
     value->producer_ = nullptr;
@@ -273,7 +298,7 @@ void Rewriter::materializeConstant(const Value* constValue, std::unique_ptr<Tens
     for (const Value* output : producer->outputs_)
       if (output && (output->hasUses() || output->graphOutput_ || model_.isPinned(output->name_))) stillRead = true;
     if (!stillRead) eraseNode(producer);
-    else touch(producer);
+    else notifyChanged(producer);
   }
   erasedLog_ = nullptr;
   entry["removed_nodes"] = erased;
@@ -320,9 +345,8 @@ std::vector<std::pair<std::string, std::size_t>> Rewriter::takeRecorded() {
 }
 
 void Rewriter::finish() {
-  // Retired values leave the initializer lists here, in one pass per graph. Which ones is looked up in a set of those
-  // the rewriter retired, not read from each initializer's Value (out of the caches in a large graph). The set's nodes
-  // come from one buffer, freed at once: allocated and freed one by one, they cost more than the reads saved.
+  // Retired values leave the initializer lists here, in one pass per graph, looked up in a set of those the rewriter
+  // retired rather than read from each initializer's Value. The set's nodes come from one buffer, freed at once.
   std::pmr::monotonic_buffer_resource buffer;
   std::pmr::unordered_set<const Value*> retired(&buffer);
   retired.reserve(retiredInitializers_.size());

@@ -1,7 +1,6 @@
 #pragma once
-// The driver's roots, found while the rules run rather than in a pass before the first rewrite. On a large graph
-// that pass read every node from memory, and the rewrites then read the same nodes from memory again; found one by
-// one, a root is still in the caches when its rules look at it.
+// The driver's roots, found while the rules run rather than in a pass before the first rewrite, so that the
+// rules look at a root right after the scan has read it.
 
 #include <cstddef>
 #include <cstdint>
@@ -20,11 +19,11 @@ namespace bnfold {
 /// before the scan reaches them (they are not in the model any more) and the nodes rewrites make (they were not
 /// there at the start).
 ///
-/// It must be the rewriter's listener while the rules run: the scan's place is a position in a node list, and a
-/// node about to be erased there is passed first. Other listeners are told through `next`.
+/// It must listen to the rewriter while the rules run: the scan's place is a position in a node list, and a node
+/// about to be erased there is passed first.
 class RootScan : public RewriteListener {
  public:
-  RootScan(std::vector<Graph*> graphs, std::function<bool(const Node&)> isRoot, RewriteListener* next);
+  RootScan(std::vector<Graph*> graphs, std::function<bool(const Node&)> isRoot);
 
   /// The next root, or null when every one has been yielded.
   Node* next();
@@ -32,12 +31,7 @@ class RootScan : public RewriteListener {
   bool willYield(const Node& node) const;
   /// True once every root has been yielded.
   bool done() const { return yieldedGraph_ == graphs_.size(); }
-  /// Every BatchNormalization the scan passed, in the order passed: once done(), every one the graphs had at the
-  /// start, less those erased before the scan reached them.
-  const std::vector<const Node*>& batchNorms() const { return batchNorms_; }
-
   void nodeWillChange(const Node& node) override;
-  void nodeCreated(const Node& node) override;
 
  private:
   struct Root {
@@ -46,8 +40,6 @@ class RootScan : public RewriteListener {
   };
   /// Passes the node at the scan's place, keeping it in `passed_` if it is a root.
   void pass();
-  /// Asks for the memory the rules will read of the nodes a few places after the scan's (see root_scan.cpp).
-  void prefetchAhead() const;
   /// Moves the scan's place to the next graph's first node while it stands at a graph's end.
   void skipFinishedGraphs();
   std::size_t graphIndex(const Graph* graph) const;
@@ -55,13 +47,11 @@ class RootScan : public RewriteListener {
   std::vector<Graph*> graphs_;
   std::unordered_map<const Graph*, std::size_t> indexOfGraph_;  // graphs_ after the first
   std::function<bool(const Node&)> isRoot_;
-  RewriteListener* next_;
   std::size_t graph_ = 0;                          // the scan's place: graphs_[graph_] ...
   std::pmr::list<NodePtr>::const_iterator place_;  // ... at this node, not passed yet
   std::deque<Root> passed_;                        // roots passed and not yielded yet, in order
   std::size_t yieldedGraph_ = 0;                   // the last root yielded: its graph ...
   int64_t yieldedOrder_ = -1;                      // ... and Node::order (-1: none in that graph yet)
-  std::vector<const Node*> batchNorms_;
 };
 
 }  // namespace bnfold

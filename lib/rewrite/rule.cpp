@@ -24,6 +24,13 @@ bool RuleContext::isKept(const Node& node) const {
   return false;
 }
 
+MatchResult RuleContext::match(const Rule& rule, const Node& root) const {
+  evaluator_->startMatch();
+  MatchResult result = rule.match(root, *this);
+  if (result.matched()) result.evaluatedConstants_ = evaluator_->takeHandedOut();
+  return result;
+}
+
 const Tensor* RuleContext::constantOf(const Value* value, MatchFailure* whyNot) const {
   auto fail = [&](ReasonCode code, std::string message) -> const Tensor* {
     if (whyNot) *whyNot = {code, std::move(message)};

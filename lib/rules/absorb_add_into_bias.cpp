@@ -73,13 +73,9 @@ class AbsorbAddIntoBias final : public Rule {
     auto addend = perChannelConstant(*constant, *tensor, layer->outputRank, layer->outputChannelAxis(),
                                      layer->outputChannels, &why);
     if (!addend) return MatchResult::failure(why.code, why.message);
-    if (tensor->dataType() != layer->type())
-      return MatchResult::failure(reason::kUnsupportedType, "constant '" + constant->name() + "' has type " +
-                                                          dataTypeName(tensor->dataType()) + ", the layer " +
-                                                          dataTypeName(layer->type()));
-    if (const Node* kept = keptConstantProducer(context, {constant, layer->biasValue}))
-      return MatchResult::failure(reason::kKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or "
-                                                  "--keep-op and would be removed");
+    if (!hasLayerType(*constant, *tensor, *layer, &why) ||
+        !noKeptConstantProducer(context, {constant, layer->biasValue}, &why))
+      return MatchResult::failure(why.code, why.message);
     match->addend = std::move(*addend);
     match->layer = *layer;
     return MatchResult::success(std::move(match));
@@ -97,15 +93,11 @@ class AbsorbAddIntoBias final : public Rule {
                             {"added", match.addend}};
     if (match.toGemm) {
       // Y = MatMul(X, W) + k  ==  Gemm(X, W, k) with alpha = beta = 1.
-      Value* bias = addTensor(rewriter, *layer.node, layer.type(), {layer.outputChannels}, match.addend,
-                              layer.node->name() + "_bias");
-      Node* gemm = rewriter.createNode(layer.node, "Gemm", {layer.node->input(0), layer.weightValue, bias},
-                                       {layerOutput->name()}, layer.node->name() + "_gemm");
+      const Node* gemm = replaceMatMulWithGemm(rewriter, layer, match.addend, add->output(0));
       entry["replaced_by"] = gemm->name();
       entry["bias_before"] = nullptr;
-      entry["bias_after"] = bias->name();
+      entry["bias_after"] = gemm->input(2)->name();
       entry["bias_created"] = true;
-      rewriter.replaceValueKeepingName(add->output(0), gemm->output(0));
       rewriter.eraseNode(layer.node);
     } else {
       const auto bias = foldedBias(layer, {std::vector<double>(match.addend.size(), 1.0), match.addend});

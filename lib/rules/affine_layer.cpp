@@ -1,10 +1,11 @@
 #include "affine_layer.h"
 
 #include <algorithm>
-#include <sstream>
 
+#include "bnfold/dims_text.h"
+#include "opset_emit.h"
 #include "scaled_weight.h"
-#include "value_shape.h"
+#include "analysis/value_shape.h"
 
 namespace bnfold::rules {
 
@@ -20,14 +21,6 @@ bool allZero(const std::vector<double>& values) {
 }
 
 }  // namespace
-
-std::string formatDims(const std::vector<int64_t>& dims) {
-  std::ostringstream out;
-  out << '[';
-  for (std::size_t i = 0; i < dims.size(); ++i) out << (i ? "," : "") << dims[i];
-  out << ']';
-  return out.str();
-}
 
 bool isAffineLayerOp(const Node& node) {
   return node.isOnnxOp("Conv") || node.isOnnxOp("ConvTranspose") || node.isOnnxOp("Gemm") || node.isOnnxOp("MatMul");
@@ -81,7 +74,7 @@ std::optional<AffineLayer> readAffineLayer(const Node& node, const RuleContext& 
 
   if (layer.isMatMul()) {
     if (const Value* input = node.input(0))
-      if (auto shape = knownShape(*input); shape && !shape->empty())
+      if (auto shape = analysis::knownShape(*input); shape && !shape->empty())
         layer.outputRank = static_cast<int64_t>(shape->size());
   } else {
     layer.biasSlot = 2;
@@ -170,11 +163,6 @@ std::string scaledWeightNameHint(const AffineLayer& layer, const std::string& su
   return layer.weightValue->name() + suffix;
 }
 
-void prefetchNewTensorNames(const RuleContext& context, const AffineLayer& layer, const std::string& weightSuffix) {
-  context.model().prefetchValueName(scaledWeightNameHint(layer, weightSuffix));
-  context.model().prefetchValueName(biasNameHint(layer));
-}
-
 std::string writeBias(Rewriter& rewriter, const AffineLayer& layer, const kernels::GemmBiasFold& bias) {
   Value* value = addTensor(rewriter, *layer.node, layer.type(), bias.dims, bias.values, biasNameHint(layer));
   rewriter.setInput(layer.node, layer.biasSlot, value);
@@ -185,7 +173,21 @@ std::string writeBias(Rewriter& rewriter, const AffineLayer& layer, const kernel
     beta.set_f(static_cast<float>(bias.beta));
     rewriter.setAttribute(layer.node, std::move(beta));
   }
+  if (layer.isGemm())
+    for (onnx::AttributeProto& attribute : broadcastAttributes(modelOpset(rewriter)))
+      rewriter.setAttribute(layer.node, std::move(attribute));
   return value->name();
+}
+
+Node* replaceMatMulWithGemm(Rewriter& rewriter, const AffineLayer& layer, const std::vector<double>& bias,
+                            const Value* replaced) {
+  const Node* matMul = layer.node;
+  Value* biasValue = addTensor(rewriter, *matMul, layer.type(), {layer.outputChannels}, bias, matMul->name() + "_bias");
+  Node* gemm = rewriter.createNode(matMul, "Gemm", {matMul->input(0), matMul->input(1), biasValue},
+                                   {matMul->output(0)->name()}, matMul->name() + "_gemm",
+                                   broadcastAttributes(modelOpset(rewriter)));
+  rewriter.replaceValueKeepingName(replaced, gemm->output(0));
+  return gemm;
 }
 
 std::string writeScaledWeight(Rewriter& rewriter, const AffineLayer& layer, ChannelSide side,
@@ -211,6 +213,24 @@ const Node* keptConstantProducer(const RuleContext& context, const std::vector<c
   return nullptr;
 }
 
+bool noKeptConstantProducer(const RuleContext& context, const std::vector<const Value*>& values,
+                            MatchFailure* whyNot) {
+  const Node* kept = keptConstantProducer(context, values);
+  if (kept && whyNot)
+    *whyNot = {reason::kKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or --keep-op and would be "
+                                    "removed"};
+  return !kept;
+}
+
+bool hasLayerType(const Value& constant, const Tensor& tensor, const AffineLayer& layer, MatchFailure* whyNot) {
+  if (tensor.dataType() == layer.type()) return true;
+  if (whyNot)
+    *whyNot = {reason::kUnsupportedType, "constant '" + constant.name() + "' has type " +
+                                             dataTypeName(tensor.dataType()) + ", the layer " +
+                                             dataTypeName(layer.type())};
+  return false;
+}
+
 const Node* soleConsumer(const Value& value, int* slot) {
   if (value.isGraphOutput() || value.uses().size() != 1) return nullptr;
   if (slot) *slot = value.uses().front().slot;
@@ -227,10 +247,18 @@ int layerOperandSlot(const Node& binary, const RuleContext& context) {
   return -1;
 }
 
-MatchFailure asLayerFailure(MatchFailure why) {
-  if (why.code == reason::kKeptByUser) why.code = reason::kLayerKeptByUser;
-  if (why.code == reason::kParamsNotConstant) why.code = reason::kWeightsNotConstant;
-  return why;
+std::optional<AffineLayer> readLayerForBatchNorm(const Node& node, const RuleContext& context, MatchFailure* whyNot) {
+  MatchFailure why;
+  std::optional<AffineLayer> layer = readAffineLayer(node, context, &why);
+  if (!layer) {
+    if (why.code == reason::kKeptByUser) why.code = reason::kLayerKeptByUser;
+    if (why.code == reason::kParamsNotConstant) why.code = reason::kWeightsNotConstant;
+    return fail(whyNot, why.code, std::move(why.message));
+  }
+  if (const Node* kept = keptConstantProducer(context, {layer->weightValue, layer->biasValue}))
+    return fail(whyNot, reason::kLayerKeptByUser, "a weight of " + describe(node) + " comes from Constant '" +
+                                                      kept->name() + "', which is kept by --keep/--keep-op");
+  return layer;
 }
 
 }  // namespace bnfold::rules

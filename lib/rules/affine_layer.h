@@ -52,9 +52,11 @@ bool isAffineLayerOp(const Node& node);
 /// bias not constant, non-floating type, dims that do not fit the op).
 std::optional<AffineLayer> readAffineLayer(const Node& node, const RuleContext& context, MatchFailure* whyNot);
 
-/// readAffineLayer's reasons as a rule rooted at a BatchNormalization says them: the driver reports the BN as
-/// kept-by-user, so a kept layer gets its own code, and a weight computed at run time is not a BN parameter.
-MatchFailure asLayerFailure(MatchFailure why);
+/// readAffineLayer for a rule rooted at a BatchNormalization, which also refuses a layer whose weight or bias
+/// comes from a Constant node the user asked to keep. Its reasons are said as such a rule says them: the driver
+/// reports the BN as kept-by-user, so a kept layer gets its own code, and a weight computed at run time is not a
+/// BN parameter.
+std::optional<AffineLayer> readLayerForBatchNorm(const Node& node, const RuleContext& context, MatchFailure* whyNot);
 
 /// The constant operand's values, one per channel, when combining it element-wise (numpy broadcasting, shapes
 /// aligned from the last axis) with a tensor of rank `rank` whose `channels` channels are on `channelAxis`
@@ -69,9 +71,17 @@ std::optional<std::vector<double>> perChannelConstant(const Value& constantValue
 /// shift is all zero (nothing to write). Requires a layer with a bias slot.
 std::optional<kernels::GemmBiasFold> foldedBias(const AffineLayer& layer, const kernels::ChannelAffine& affine);
 
-/// Writes `bias` as a new initializer, points the layer's bias slot at it and sets Gemm's beta to 1 when needed.
+/// Writes `bias` as a new initializer, points the layer's bias slot at it and sets Gemm's beta to 1 when needed
+/// (and broadcast=1 before opset 7, where Gemm broadcasts C only when told).
 /// Returns the new tensor's name.
 std::string writeBias(Rewriter& rewriter, const AffineLayer& layer, const kernels::GemmBiasFold& bias);
+
+/// A 2-D MatMul has no bias input, a Gemm has one: Gemm(A, B, bias) named "<MatMul>_gemm", made before the MatMul
+/// `layer` from its current inputs, with `bias` as a new [N] initializer "<MatMul>_bias" (broadcast=1 before
+/// opset 7). The Gemm's output takes over `replaced`, with its name: the MatMul's output, or a value computed from
+/// it (an Add of the bias) that the Gemm now computes. Returns the Gemm.
+Node* replaceMatMulWithGemm(Rewriter& rewriter, const AffineLayer& layer, const std::vector<double>& bias,
+                            const Value* replaced);
 
 /// Which channels of a layer a per-channel factor applies to.
 enum class ChannelSide { Output, Input };
@@ -86,10 +96,6 @@ std::string writeScaledWeight(Rewriter& rewriter, const AffineLayer& layer, Chan
 std::string biasNameHint(const AffineLayer& layer);
 std::string scaledWeightNameHint(const AffineLayer& layer, const std::string& suffix);
 
-/// Asks the CPU for the name-table lines of a new bias and of a scaled weight with `weightSuffix`, for a match whose
-/// rewrite will write them: in a large model those lines come from RAM.
-void prefetchNewTensorNames(const RuleContext& context, const AffineLayer& layer, const std::string& weightSuffix);
-
 /// A new initializer in `anchor`'s graph holding `values` rounded once to `type`.
 Value* addTensor(Rewriter& rewriter, const Node& anchor, DataType type, std::vector<int64_t> dims,
                  const std::vector<double>& values, const std::string& nameHint);
@@ -98,11 +104,17 @@ Value* addTensor(Rewriter& rewriter, const Node& anchor, DataType type, std::vec
 /// last reader is gone), or null.
 const Node* keptConstantProducer(const RuleContext& context, const std::vector<const Value*>& values);
 
+/// True when no value of `values` comes from a Constant node the user asked to keep; else false with `whyNot`
+/// saying which (kept-by-user).
+bool noKeptConstantProducer(const RuleContext& context, const std::vector<const Value*>& values,
+                            MatchFailure* whyNot);
+
+/// True when the constant operand `constant` (holding `tensor`) that a rule merges into `layer` has the layer's
+/// element type; else false with `whyNot` saying both (unsupported-type).
+bool hasLayerType(const Value& constant, const Tensor& tensor, const AffineLayer& layer, MatchFailure* whyNot);
+
 /// The consumer of `value` when it is read exactly once, by one node, and is not a graph output; else null.
 const Node* soleConsumer(const Value& value, int* slot = nullptr);
-
-/// "[1,8,1,1]".
-std::string formatDims(const std::vector<int64_t>& dims);
 
 /// Which input of a binary node (0 or 1) is produced by an affine layer with the other one constant; tries slot 0
 /// first so Add(X, c) and Add(c, X) both work. -1 when neither is.

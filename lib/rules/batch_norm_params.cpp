@@ -4,13 +4,12 @@
 #include <sstream>
 
 #include "affine_layer.h"
+#include "bnfold/dims_text.h"
 
 namespace bnfold::rules {
 namespace {
 
 const char* const kParamNames[] = {"scale", "B", "mean", "var"};
-
-std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
 
 std::string formatNumber(double value) {
   std::ostringstream out;

@@ -1,7 +1,12 @@
 // The explicit list of rules, in priority order: when several rules are rooted at the same op, the first
 // that matches wins, and the first one's reason is the one reported for a BatchNormalization left in place.
 
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/rules/builtin_rules.h"
+
+#include <sstream>
+#include <stdexcept>
+#include <unordered_set>
+
 #include "rules.h"
 
 namespace bnfold {
@@ -22,6 +27,55 @@ const std::vector<std::unique_ptr<Rule>>& builtinRules() {
     return list;
   }();
   return rules;
+}
+
+const Rule* findRule(const std::string& name) {
+  for (const auto& rule : builtinRules())
+    if (name == rule->name()) return rule.get();
+  return nullptr;
+}
+
+std::vector<std::string> parseRuleSelection(const std::string& selection) {
+  std::vector<std::string> tokens;
+  std::stringstream stream(selection);
+  for (std::string token; std::getline(stream, token, ',');) {
+    token.erase(0, token.find_first_not_of(" \t"));
+    token.erase(token.find_last_not_of(" \t") + 1);
+    if (!token.empty()) tokens.push_back(token);
+  }
+  std::unordered_set<std::string> chosen;
+  auto addDefaults = [&] {
+    for (const auto& rule : builtinRules())
+      if (rule->enabledByDefault()) chosen.insert(rule->name());
+  };
+  auto requireKnown = [](const std::string& name) {
+    if (findRule(name)) return;
+    std::string known;
+    for (const auto& rule : builtinRules()) known += (known.empty() ? "" : ", ") + std::string(rule->name());
+    throw std::invalid_argument("unknown rule '" + name + "' (known rules: " + (known.empty() ? "none" : known) + ")");
+  };
+  // A selection that starts with a change (+x / -x) changes the defaults.
+  if (tokens.empty() || tokens.front()[0] == '+' || tokens.front()[0] == '-') addDefaults();
+  for (const std::string& token : tokens) {
+    if (token == "none") {
+      chosen.clear();
+    } else if (token == "default") {
+      addDefaults();
+    } else if (token == "all") {
+      for (const auto& rule : builtinRules()) chosen.insert(rule->name());
+    } else if (token[0] == '-') {
+      requireKnown(token.substr(1));
+      chosen.erase(token.substr(1));
+    } else {
+      const std::string name = token[0] == '+' ? token.substr(1) : token;
+      requireKnown(name);
+      chosen.insert(name);
+    }
+  }
+  std::vector<std::string> ordered;
+  for (const auto& rule : builtinRules())
+    if (chosen.count(rule->name())) ordered.push_back(rule->name());
+  return ordered;
 }
 
 }  // namespace bnfold

@@ -19,11 +19,12 @@
 
 #include "affine_layer.h"
 #include "batch_norm_params.h"
+#include "bnfold/dims_text.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "opset_emit.h"
 #include "rules.h"
 #include "rewrite/understood_ops.h"
-#include "value_shape.h"
+#include "analysis/value_shape.h"
 #include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
@@ -40,15 +41,13 @@ struct Decomposition : Match {
   DataType type = DataType::Float;
 };
 
-std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
-
 // Legacy broadcasting with axis=1: the constant's dims are X's dims 1, 2, ... exactly (no size-1 expansion).
 // Dims of X that are not known are taken to match.
 bool legacyBroadcastable(const std::vector<int64_t>& inputDims, const std::vector<int64_t>& constantDims) {
   if (constantDims.size() + 1 > inputDims.size()) return false;
   for (std::size_t i = 0; i < constantDims.size(); ++i) {
     const int64_t dim = inputDims[i + 1];
-    if (dim != kUnknownDim && dim != constantDims[i]) return false;
+    if (dim != analysis::kUnknownDim && dim != constantDims[i]) return false;
   }
   return true;
 }
@@ -71,8 +70,8 @@ class DecomposeBatchNorm final : public Rule {
 
     auto match = std::make_unique<Decomposition>();
     match->legacyBroadcast = context.opset() < kNumpyBroadcastOpset;
-    std::optional<std::vector<int64_t>> shape = knownShape(*x);
-    if (!shape) shape = knownShape(*bn.output(0));
+    std::optional<std::vector<int64_t>> shape = analysis::knownShape(*x);
+    if (!shape) shape = analysis::knownShape(*bn.output(0));
     if (match->legacyBroadcast) {
       // axis=1 aligns the constants with X's axes from the channel axis on, whatever X's rank.
       if (shape && shape->size() < 2)
@@ -100,8 +99,8 @@ class DecomposeBatchNorm final : public Rule {
     // Mul and Add need constants of X's type; before opset 15 the params share it.
     std::optional<DataType> type = context.constantOf(params->paramValues[0])->dataType();
     if (context.opset() >= kBatchNormMixedTypesOpset) {
-      type = knownElementType(*x);
-      if (!type) type = knownElementType(*bn.output(0));
+      type = analysis::knownElementType(*x);
+      if (!type) type = analysis::knownElementType(*bn.output(0));
     }
     if (!type || !isFloatingPoint(*type))
       return MatchResult::failure(reason::kTypeUnknown, "the element type of the input of " + describe(bn) +
@@ -123,14 +122,11 @@ class DecomposeBatchNorm final : public Rule {
     Value* shift = addTensor(rewriter, bn, match.type, match.constantDims, match.params.affine.shift,
                              bn.name() + "_shift");
     // Before opset 7 the constants broadcast only when told, aligned at the channel axis.
-    auto broadcastAttributes = [&]() -> std::vector<onnx::AttributeProto> {
-      if (!match.legacyBroadcast) return {};
-      return {intAttribute("broadcast", 1), intAttribute("axis", 1)};
-    };
+    const int64_t opset = modelOpset(rewriter);
     Node* mul = rewriter.createNode(&bn, "Mul", {bn.input(0), scale}, {valueBase + "_scaled"}, bn.name() + "/mul",
-                                    broadcastAttributes());
+                                    broadcastAttributes(opset, 1));
     Node* add = rewriter.createNode(&bn, "Add", {mul->output(0), shift}, {valueBase + "_shifted"}, bn.name() + "/add",
-                                    broadcastAttributes());
+                                    broadcastAttributes(opset, 1));
     ReportRecord entry = describeBatchNorm(bn, match.params);
     rewriter.replaceValueKeepingName(y, add->output(0));
     entry.setText("mul", mul->name());

@@ -22,7 +22,7 @@
 #include "opset_emit.h"
 #include "rules.h"
 #include "rewrite/understood_ops.h"
-#include "value_shape.h"
+#include "analysis/value_shape.h"
 #include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
@@ -33,7 +33,7 @@ enum BatchNormOutput { kY = 0, kRunningMean = 1, kRunningVar = 2, kSavedMean = 3
 
 
 DataType elementTypeOf(const Value* value) {
-  return value ? knownElementType(*value).value_or(DataType::Undefined) : DataType::Undefined;
+  return value ? analysis::knownElementType(*value).value_or(DataType::Undefined) : DataType::Undefined;
 }
 
 // X's element type: known for X or Y (declared, or from the layer computing X), or, up to opset 14 where every
@@ -52,7 +52,7 @@ DataType inputElementType(const Node& bn, int64_t opset) {
 std::optional<int64_t> inputRank(const Node& bn) {
   for (const Value* value : {bn.input(0), bn.output(kY)})
     if (value)
-      if (auto shape = knownShape(*value)) return static_cast<int64_t>(shape->size());
+      if (auto shape = analysis::knownShape(*value)) return static_cast<int64_t>(shape->size());
   return std::nullopt;
 }
 
@@ -199,10 +199,8 @@ class Expansion {
   Value* binary(const std::string& op, const Value* left, const Value* right, RightShape shape,
                 const std::string& step) {
     std::vector<onnx::AttributeProto> attributes;
-    if (legacyBroadcast_ && shape != RightShape::SameShape) {
-      attributes.push_back(intAttribute("broadcast", 1));
-      if (shape == RightShape::Channel) attributes.push_back(intAttribute("axis", 1));
-    }
+    if (shape != RightShape::SameShape)
+      attributes = broadcastAttributes(opset_, shape == RightShape::Channel ? std::optional<int64_t>(1) : std::nullopt);
     return note(
         rewriter_.createNode(&bn_, op, {left, right}, {names_.value(step)}, names_.node(step), std::move(attributes))
             ->output(0));

@@ -25,7 +25,7 @@
 #include "opset_emit.h"
 #include "rules.h"
 #include "rewrite/understood_ops.h"
-#include "value_shape.h"
+#include "analysis/value_shape.h"
 #include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
@@ -50,8 +50,6 @@ kernels::ChannelAffine repeatPerFeature(const kernels::ChannelAffine& affine, in
     }
   return out;
 }
-
-std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
 
 bool anyNonZero(const std::vector<double>& values) {
   return std::any_of(values.begin(), values.end(), [](double v) { return v != 0.0; });
@@ -117,15 +115,8 @@ class FoldBatchNormForward final : public Rule {
     MatchFailure why;
     auto params = readInferenceBatchNorm(bn, context, PerElementParams::ReducePerChannel, &why);
     if (!params) return MatchResult::failure(why.code, why.message);
-    auto layer = readAffineLayer(*consumer, context, &why);
-    if (!layer) {
-      why = asLayerFailure(why);
-      return MatchResult::failure(why.code, why.message);
-    }
-    if (const Node* kept = keptConstantProducer(context, {layer->weightValue, layer->biasValue}))
-      return MatchResult::failure(reason::kLayerKeptByUser, "a weight of " + describe(*consumer) +
-                                                            " comes from Constant '" + kept->name() +
-                                                            "', which is kept by --keep/--keep-op");
+    auto layer = readLayerForBatchNorm(*consumer, context, &why);
+    if (!layer) return MatchResult::failure(why.code, why.message);
     if (layer->isGemm() && layer->transA)
       return MatchResult::failure(reason::kChannelAxisMismatch,
                                   describe(*consumer) + " transposes its input (transA=1), so the BN's channels "
@@ -185,8 +176,6 @@ class FoldBatchNormForward final : public Rule {
       if (auto bias = foldedBias(layer, {ones, response})) {
         entry.setText("bias_after", writeBias(rewriter, layer, *bias));
         entry.setBool("bias_created", layer.biasValue == nullptr);
-        // Before opset 7 Gemm broadcasts C only when told to.
-        if (layer.isGemm() && modelOpset(rewriter) < kNumpyBroadcastOpset) rewriter.setAttribute(layer.node, intAttribute("broadcast", 1));
       }
     }
     entry.setText("weight_after", writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded"));
@@ -207,18 +196,13 @@ class FoldBatchNormForward final : public Rule {
     const AffineLayer& layer = match.layer;
     const Node* matMul = layer.node;
     entry.setText("weight_after", writeScaledWeight(rewriter, layer, ChannelSide::Input, affine.scale, "_folded"));
-    Value* bias = addTensor(rewriter, *matMul, layer.type(), {layer.outputChannels}, response, matMul->name() + "_bias");
-    std::vector<onnx::AttributeProto> attributes;
-    if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));  // C broadcasts only if told
-    const Node* gemm = rewriter.createNode(matMul, "Gemm", {matMul->input(0), matMul->input(1), bias},
-                                           {matMul->output(0)->name()}, matMul->name() + "_gemm", std::move(attributes));
     entry.setText("replaced_node", matMul->name());
     entry.setText("replaced_op", "MatMul");
+    const Node* gemm = replaceMatMulWithGemm(rewriter, layer, response, matMul->output(0));
     entry.setText("into", gemm->name());
     entry.setText("into_op", "Gemm");
-    entry.setText("bias_after", bias->name());
+    entry.setText("bias_after", gemm->input(2)->name());
     entry.setBool("bias_created", true);
-    rewriter.replaceValueKeepingName(matMul->output(0), gemm->output(0));
     removeBatchNorm(match, rewriter);
     rewriter.record("folds", std::move(entry));
   }
@@ -227,10 +211,10 @@ class FoldBatchNormForward final : public Rule {
   /// input): Flatten with axis 1, or a Reshape to [N, C*H*W] ([0, -1], [-1, C*H*W], [N, -1]).
   static std::optional<int64_t> featuresPerChannel(const Node& bn, const Node& flatten, const RuleContext& context,
                                                    MatchFailure* whyNot) {
-    auto shape = knownShape(*bn.input(0));
-    if (!shape) shape = knownShape(*bn.output(0));
+    auto shape = analysis::knownShape(*bn.input(0));
+    if (!shape) shape = analysis::knownShape(*bn.output(0));
     if (!shape || shape->size() < 2 ||
-        std::any_of(shape->begin() + 2, shape->end(), [](int64_t d) { return d == kUnknownDim; })) {
+        std::any_of(shape->begin() + 2, shape->end(), [](int64_t d) { return d == analysis::kUnknownDim; })) {
       *whyNot = {reason::kRankUnknown, "the dims after the channel axis of the input of " + describe(bn) +
                                      " are not known, so the features each channel becomes after " +
                                      describe(flatten) + " are not known"};
@@ -246,9 +230,9 @@ class FoldBatchNormForward final : public Rule {
       const std::vector<int64_t> dims = target->toInt64s();
       const bool allowZero = flatten.attributeInt("allowzero", 0) != 0;
       const bool copiesBatch =
-          dims.size() == 2 && ((dims[0] == 0 && !allowZero) || ((*shape)[0] != kUnknownDim && dims[0] == (*shape)[0]));
+          dims.size() == 2 && ((dims[0] == 0 && !allowZero) || ((*shape)[0] != analysis::kUnknownDim && dims[0] == (*shape)[0]));
       keepsBatch = dims.size() == 2 &&
-                   ((channels != kUnknownDim && dims[1] == checkedProduct(channels, block)) ||
+                   ((channels != analysis::kUnknownDim && dims[1] == checkedProduct(channels, block)) ||
                     (dims[1] == -1 && copiesBatch));
     }
     if (!keepsBatch) {

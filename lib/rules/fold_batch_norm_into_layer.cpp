@@ -30,7 +30,7 @@
 #include "opset_emit.h"
 #include "rules.h"
 #include "rewrite/understood_ops.h"
-#include "value_shape.h"
+#include "analysis/value_shape.h"
 #include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
@@ -52,8 +52,6 @@ struct BatchNormFold : Match {
 };
 
 constexpr char kFoldedSuffix[] = "_folded";  // of a folded weight's name
-
-std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
 
 bool anyNonZero(const std::vector<double>& values) {
   return std::any_of(values.begin(), values.end(), [](double v) { return v != 0.0; });
@@ -77,17 +75,7 @@ std::optional<AffineLayer> readLayer(const Node& layerNode, const Node& bn, cons
                                         " in an enclosing graph"};
     return std::nullopt;
   }
-  std::optional<AffineLayer> layer = readAffineLayer(layerNode, context, why);
-  if (!layer) {
-    *why = asLayerFailure(*why);
-    return std::nullopt;
-  }
-  if (const Node* kept = keptConstantProducer(context, {layer->weightValue, layer->biasValue})) {
-    *why = {reason::kLayerKeptByUser, "a weight of " + describe(layerNode) + " comes from Constant '" + kept->name() +
-                                      "', which is kept by --keep/--keep-op"};
-    return std::nullopt;
-  }
-  return layer;
+  return readLayerForBatchNorm(layerNode, context, why);
 }
 
 class FoldBatchNormIntoLayer final : public Rule {
@@ -197,8 +185,8 @@ class FoldBatchNormIntoLayer final : public Rule {
     const bool directMatMul = match->path.steps.empty() && !isConcat && match->parts[0].layer.isMatMul();
     if (directMatMul) {
       // BN normalizes axis 1; MatMul's output channels are its last axis. They coincide only for 2-D outputs.
-      std::optional<std::vector<int64_t>> shape = knownShape(*bn.output(0));
-      if (!shape) shape = knownShape(*x);
+      std::optional<std::vector<int64_t>> shape = analysis::knownShape(*bn.output(0));
+      if (!shape) shape = analysis::knownShape(*x);
       if (!shape) {
         return MatchResult::failure(
             reason::kRankUnknown, "the rank of the output of " + describe(*source) +
@@ -229,7 +217,6 @@ class FoldBatchNormIntoLayer final : public Rule {
     for (LayerPart& part : match->parts)
       part.needsBias = part.layer.isMatMul() &&
                        anyNonZero({params->affine.shift.begin() + part.begin, params->affine.shift.begin() + part.end});
-    for (const LayerPart& part : match->parts) prefetchNewTensorNames(context, part.layer, kFoldedSuffix);
     match->bn = &bn;
     match->params = std::move(*params);
     return MatchResult::success(std::move(match));
@@ -270,29 +257,19 @@ class FoldBatchNormIntoLayer final : public Rule {
     bool biasCreated = false;
     const Value* output = into->output(0);
     if (part.needsBias && layer.outputRank == 2) {
-      // A 2-D MatMul with a bias is a Gemm: Y = Gemm(X, W', shift).
-      Value* bias = addTensor(rewriter, *into, layer.type(), {layer.outputChannels}, kernels::foldBias(affine),
-                              biasNameHint(layer));  // a MatMul has no bias: its name + "_bias"
-      std::vector<onnx::AttributeProto> attributes;
-      if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));  // C broadcasts only if told
-      const Node* gemm = rewriter.createNode(into, "Gemm", {into->input(0), into->input(1), bias}, {output->name()},
-                                             into->name() + "_gemm", std::move(attributes));
+      // A 2-D MatMul with a bias is a Gemm: Y = Gemm(X, W', shift); the MatMul goes.
       entry.setText("replaced_node", into->name());
       entry.setText("replaced_op", into->opType());
-      // The Gemm's output takes over the MatMul's value (and name); the MatMul goes.
-      rewriter.replaceValueKeepingName(output, gemm->output(0));
-      into = gemm;
-      biasAfter = bias->name();
+      into = replaceMatMulWithGemm(rewriter, layer, kernels::foldBias(affine), output);
+      biasAfter = into->input(2)->name();
       biasCreated = true;
     } else if (part.needsBias) {
       // MatMul with more than two dims: the bias goes into an Add on its last (feature) axis.
       Value* bias = addTensor(rewriter, *into, layer.type(), {layer.outputChannels}, kernels::foldBias(affine),
                               biasNameHint(layer));  // a MatMul has no bias: its name + "_bias"
       const Use reader = output->uses().front();
-      std::vector<onnx::AttributeProto> attributes;
-      if (modelOpset(rewriter) < kNumpyBroadcastOpset) attributes.push_back(intAttribute("broadcast", 1));
       const Node* add = rewriter.createNode(reader.node, "Add", {output, bias}, {output->name() + "_biased"},
-                                            into->name() + "_bias_add", std::move(attributes));
+                                            into->name() + "_bias_add", broadcastAttributes(modelOpset(rewriter)));
       rewriter.setInput(reader.node, reader.slot, add->output(0));
       entry.setText("bias_node", add->name());
       biasAfter = bias->name();
@@ -301,7 +278,6 @@ class FoldBatchNormIntoLayer final : public Rule {
       if (auto bias = foldedBias(layer, affine)) {
         biasAfter = writeBias(rewriter, layer, *bias);
         biasCreated = layer.biasValue == nullptr;
-        if (layer.isGemm() && modelOpset(rewriter) < kNumpyBroadcastOpset) rewriter.setAttribute(into, intAttribute("broadcast", 1));
       }
     }
     entry.setText("into", into->name());

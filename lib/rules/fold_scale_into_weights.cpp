@@ -15,10 +15,11 @@
 #include <memory>
 
 #include "affine_layer.h"
+#include "bnfold/dims_text.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "rules.h"
 #include "rewrite/understood_ops.h"
-#include "value_shape.h"
+#include "analysis/value_shape.h"
 
 namespace bnfold::rules {
 namespace {
@@ -122,13 +123,9 @@ class FoldScaleIntoWeights final : public Rule {
     const int64_t channelAxis = layer->isMatMul() ? rank - 1 : 1;
     auto scale = perChannelConstant(*constant, *tensor, rank, channelAxis, layer->outputChannels, whyNot);
     if (!scale) return nullptr;
-    if (tensor->dataType() != layer->type())
-      return failWith(whyNot, reason::kUnsupportedType, "constant '" + constant->name() + "' has type " +
-                                                      dataTypeName(tensor->dataType()) + ", the layer " +
-                                                      dataTypeName(layer->type()));
-    if (const Node* kept = keptConstantProducer(context, {constant, layer->weightValue, layer->biasValue}))
-      return failWith(whyNot, reason::kKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or "
-                                              "--keep-op and would be removed");
+    if (!hasLayerType(*constant, *tensor, *layer, whyNot) ||
+        !noKeptConstantProducer(context, {constant, layer->weightValue, layer->biasValue}, whyNot))
+      return nullptr;
     auto match = std::make_unique<ScaleFoldMatch>();
     match->mul = &mul;
     match->layer = *layer;
@@ -167,10 +164,7 @@ class FoldScaleIntoWeights final : public Rule {
     const Tensor* tensor = context.constantOf(constant);
     auto scale = perChannelConstant(*constant, *tensor, rank, channelAxis, layer->inputChannels, whyNot);
     if (!scale) return nullptr;
-    if (tensor->dataType() != layer->type())
-      return failWith(whyNot, reason::kUnsupportedType, "constant '" + constant->name() + "' has type " +
-                                                      dataTypeName(tensor->dataType()) + ", the layer " +
-                                                      dataTypeName(layer->type()));
+    if (!hasLayerType(*constant, *tensor, *layer, whyNot)) return nullptr;
     // The layer must see exactly X's shape once the Mul is gone: k must not raise X's rank or spread a single
     // channel of X over all channels.
     const auto constDims = tensor->dims();
@@ -178,7 +172,7 @@ class FoldScaleIntoWeights final : public Rule {
     const int64_t channelIndex = channelAxis - (rank - tensor->rank());  // k's axis on the channel axis
     const bool couldSpreadChannel = channelIndex >= 0 && constDims[static_cast<std::size_t>(channelIndex)] > 1;
     if (couldRaiseRank || couldSpreadChannel) {
-      const auto shape = knownShape(*input);
+      const auto shape = analysis::knownShape(*input);
       if (!shape || static_cast<int64_t>(shape->size()) != rank ||
           (couldSpreadChannel && (*shape)[static_cast<std::size_t>(channelAxis)] != layer->inputChannels)) {
         const std::string known = shape ? formatDims(*shape) : std::string("unknown");
@@ -188,9 +182,7 @@ class FoldScaleIntoWeights final : public Rule {
                             ", so the layer would not see the same input without it");
       }
     }
-    if (const Node* kept = keptConstantProducer(context, {constant, layer->weightValue}))
-      return failWith(whyNot, reason::kKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or "
-                                              "--keep-op and would be removed");
+    if (!noKeptConstantProducer(context, {constant, layer->weightValue}, whyNot)) return nullptr;
     auto match = std::make_unique<ScaleFoldMatch>();
     match->mul = &mul;
     match->layer = *layer;

@@ -6,7 +6,10 @@
 #include <unordered_map>
 
 #include "affine_layer.h"
-#include "value_shape.h"
+#include "bnfold/dims_text.h"
+#include "analysis/op_forms.h"
+#include "analysis/shape_ops.h"
+#include "analysis/value_shape.h"
 
 namespace bnfold::rules {
 namespace {
@@ -16,11 +19,9 @@ using Dims = std::vector<int64_t>;
 // A path longer than this is not followed (exporters write one to three layout ops).
 constexpr std::size_t kMaxSteps = 16;
 
-std::string describe(const Node& node) { return node.opType() + " '" + node.name() + "'"; }
-
 bool known(const Dims& dims, std::size_t from = 0) {
   return std::all_of(dims.begin() + static_cast<std::ptrdiff_t>(std::min(from, dims.size())), dims.end(),
-                     [](int64_t d) { return d != kUnknownDim; });
+                     [](int64_t d) { return d != analysis::kUnknownDim; });
 }
 
 // INT64_MAX when the dims' product does not fit (shapes come from the file), which no real dim matches.
@@ -34,15 +35,27 @@ struct AxisState {
   int64_t axis;
 };
 
-/// The integers of an axes/shape operand: input `slot` when present (a constant), else attribute `attribute`.
+/// The integers of an axes/shape operand at the model's opset: input `slot` (a constant) from `inputOpset` on, else
+/// attribute `attribute`.
 std::optional<std::vector<int64_t>> intsOperand(const Node& node, std::size_t slot, const char* attribute,
-                                                const RuleContext& context) {
-  if (const Value* input = node.input(slot)) {
-    const Tensor* tensor = context.constantOf(input);
-    if (!tensor) return std::nullopt;
-    return tensor->toInt64s();
-  }
-  return node.attributeInts(attribute);
+                                                int64_t inputOpset, const RuleContext& context) {
+  if (context.opset() < inputOpset) return node.attributeInts(attribute);
+  const Value* input = node.input(slot);
+  if (!input) return std::vector<int64_t>{};
+  const Tensor* tensor = context.constantOf(input);
+  if (!tensor) return std::nullopt;
+  return tensor->toInt64s();
+}
+
+/// Where a step that carries axes one to one (Transpose, Squeeze, Unsqueeze) puts input axis `axis`, or -1.
+int64_t carriedAxis(const analysis::OutputShape& out, int64_t axis) {
+  auto at = std::find(out.sourceAxis.begin(), out.sourceAxis.end(), axis);
+  return at == out.sourceAxis.end() ? -1 : static_cast<int64_t>(at - out.sourceAxis.begin());
+}
+
+/// An output shape the model's own operands contradict is not known.
+MatchFailure unformedShape(const Node& node, const analysis::OutputShape& out) {
+  return {reason::kRankUnknown, "the output shape of " + describe(node) + " is not known: it " + out.message};
 }
 
 /// The feature axis after a reshape from `in` to `out`: the axis holding a dim of `channels` with as many elements
@@ -78,139 +91,87 @@ std::optional<AxisState> identityStep(const Node&, const AxisState& in, int64_t,
 
 std::optional<AxisState> transposeStep(const Node& node, const AxisState& in, int64_t, const RuleContext&,
                                        MatchFailure* whyNot) {
-  const auto rank = static_cast<int64_t>(in.dims.size());
-  std::vector<int64_t> perm = node.attributeInts("perm");
-  if (perm.empty())
-    for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
-  if (static_cast<int64_t>(perm.size()) != rank) {
-    *whyNot = {reason::kChannelAxisMismatch, describe(node) + " has a perm of another rank than its input"};
+  const analysis::OutputShape out = analysis::transposeShape(in.dims, node.attributeInts("perm"));
+  if (!out.ok()) {
+    *whyNot = {reason::kChannelAxisMismatch,
+               describe(node) + (out.problem == analysis::ShapeProblem::kPermRankMismatch
+                                     ? " has a perm of another rank than its input"
+                                     : " has an invalid perm")};
     return std::nullopt;
   }
-  AxisState out{Dims(perm.size()), -1};
-  for (std::size_t j = 0; j < perm.size(); ++j) {
-    if (perm[j] < 0 || perm[j] >= rank) {
-      *whyNot = {reason::kChannelAxisMismatch, describe(node) + " has an invalid perm"};
-      return std::nullopt;
-    }
-    out.dims[j] = in.dims[static_cast<std::size_t>(perm[j])];
-    if (perm[j] == in.axis) out.axis = static_cast<int64_t>(j);
-  }
-  return out;
+  return AxisState{out.dims, carriedAxis(out, in.axis)};
 }
 
 std::optional<AxisState> unsqueezeStep(const Node& node, const AxisState& in, int64_t, const RuleContext& context,
                                        MatchFailure* whyNot) {
-  auto axes = intsOperand(node, 1, "axes", context);
+  auto axes = intsOperand(node, 1, "axes", kSqueezeAxesInputOpset, context);
   if (!axes || axes->empty()) {
     *whyNot = {reason::kRankUnknown, "the axes of " + describe(node) + " are not known constants"};
     return std::nullopt;
   }
-  const auto rank = static_cast<int64_t>(in.dims.size() + axes->size());
-  std::vector<bool> inserted(static_cast<std::size_t>(rank), false);
-  for (int64_t a : *axes) {
-    a = a < 0 ? a + rank : a;
-    // A repeated axis would leave fewer input dims than the output has places for (the model is invalid too).
-    if (a < 0 || a >= rank || inserted[static_cast<std::size_t>(a)]) {
-      *whyNot = {reason::kChannelAxisMismatch, describe(node) + " has an invalid or repeated axis"};
-      return std::nullopt;
-    }
-    inserted[static_cast<std::size_t>(a)] = true;
+  const analysis::OutputShape out = analysis::unsqueezeShape(in.dims, *axes);
+  if (!out.ok()) {
+    *whyNot = {reason::kChannelAxisMismatch, describe(node) + " has an invalid or repeated axis"};
+    return std::nullopt;
   }
-  AxisState out{{}, -1};
-  int64_t next = 0;
-  for (int64_t i = 0; i < rank; ++i) {
-    if (inserted[static_cast<std::size_t>(i)]) {
-      out.dims.push_back(1);
-      continue;
-    }
-    if (next == in.axis) out.axis = i;
-    out.dims.push_back(in.dims[static_cast<std::size_t>(next++)]);
-  }
-  return out;
+  return AxisState{out.dims, carriedAxis(out, in.axis)};
 }
 
 std::optional<AxisState> squeezeStep(const Node& node, const AxisState& in, int64_t, const RuleContext& context,
                                      MatchFailure* whyNot) {
-  auto axes = intsOperand(node, 1, "axes", context);
+  auto axes = intsOperand(node, 1, "axes", kSqueezeAxesInputOpset, context);
   if (!axes) {
     *whyNot = {reason::kRankUnknown, "the axes of " + describe(node) + " are not known constants"};
     return std::nullopt;
   }
-  const auto rank = static_cast<int64_t>(in.dims.size());
-  std::vector<bool> removed(in.dims.size(), false);
-  if (axes->empty()) {
-    // Every dim of size 1 goes: all dims must be known.
-    if (!known(in.dims)) {
-      *whyNot = {reason::kRankUnknown, "the input dims of " + describe(node) + ", which squeezes every dim of size 1, "
-                                                                         "are not known"};
-      return std::nullopt;
-    }
-    for (std::size_t i = 0; i < in.dims.size(); ++i) removed[i] = in.dims[i] == 1;
+  const analysis::OutputShape out = analysis::squeezeShape(in.dims, *axes);
+  if (out.problem == analysis::ShapeProblem::kUnknownInputDims) {
+    *whyNot = {reason::kRankUnknown, "the input dims of " + describe(node) + ", which squeezes every dim of size 1, "
+                                                                       "are not known"};
+    return std::nullopt;
   }
-  for (int64_t a : *axes) {
-    a = a < 0 ? a + rank : a;
-    if (a < 0 || a >= rank) {
-      *whyNot = {reason::kChannelAxisMismatch, describe(node) + " has an invalid axis"};
-      return std::nullopt;
-    }
-    removed[static_cast<std::size_t>(a)] = true;
-  }
-  if (removed[static_cast<std::size_t>(in.axis)]) {
+  const bool removesChannels = out.ok() ? carriedAxis(out, in.axis) < 0
+                                        : out.problem == analysis::ShapeProblem::kSqueezesNonUnitDim &&
+                                              out.problemAxis == in.axis;
+  if (removesChannels) {
     *whyNot = {reason::kChannelAxisMismatch, describe(node) + " removes the channel axis"};
     return std::nullopt;
   }
-  AxisState out{{}, -1};
-  for (std::size_t i = 0; i < in.dims.size(); ++i) {
-    if (removed[i]) continue;
-    if (static_cast<int64_t>(i) == in.axis) out.axis = static_cast<int64_t>(out.dims.size());
-    out.dims.push_back(in.dims[i]);
+  if (!out.ok()) {
+    *whyNot = {reason::kChannelAxisMismatch, describe(node) + " has an invalid axis"};
+    return std::nullopt;
   }
-  return out;
+  return AxisState{out.dims, carriedAxis(out, in.axis)};
 }
 
 std::optional<AxisState> flattenStep(const Node& node, const AxisState& in, int64_t channels, const RuleContext&,
                                      MatchFailure* whyNot) {
-  const auto rank = static_cast<int64_t>(in.dims.size());
-  int64_t axis = node.attributeInt("axis", 1);
-  if (axis < 0) axis += rank;
-  Dims out(2, kUnknownDim);
-  const Dims front(in.dims.begin(), in.dims.begin() + std::clamp<int64_t>(axis, 0, rank));
-  if (known(front)) out[0] = product(front, 0);
-  if (known(in.dims, static_cast<std::size_t>(std::max<int64_t>(axis, 0))))
-    out[1] = product(in.dims, static_cast<std::size_t>(std::max<int64_t>(axis, 0)));
-  auto mapped = reshapedAxis(node, in, out, channels, whyNot);
+  const analysis::OutputShape out = analysis::flattenShape(in.dims, node.attributeInt("axis", 1));
+  if (!out.ok()) {
+    *whyNot = unformedShape(node, out);
+    return std::nullopt;
+  }
+  auto mapped = reshapedAxis(node, in, out.dims, channels, whyNot);
   if (!mapped) return std::nullopt;
-  return AxisState{out, *mapped};
+  return AxisState{out.dims, *mapped};
 }
 
 std::optional<AxisState> reshapeStep(const Node& node, const AxisState& in, int64_t channels,
                                      const RuleContext& context, MatchFailure* whyNot) {
-  auto shape = intsOperand(node, 1, "shape", context);
+  auto shape = intsOperand(node, 1, "shape", kReshapeShapeInputOpset, context);
   if (!shape) {
     *whyNot = {reason::kRankUnknown, "the target shape of " + describe(node) + " is not a known constant"};
     return std::nullopt;
   }
-  const bool allowZero = node.attributeInt("allowzero", 0) != 0;
-  Dims out;
-  int inferred = -1;
-  for (std::size_t i = 0; i < shape->size(); ++i) {
-    const int64_t d = (*shape)[i];
-    if (d == 0 && !allowZero) out.push_back(i < in.dims.size() ? in.dims[i] : kUnknownDim);
-    else if (d == -1) {
-      inferred = static_cast<int>(i);
-      out.push_back(kUnknownDim);
-    } else {
-      out.push_back(d);
-    }
+  const analysis::OutputShape out =
+      analysis::reshapeShape(in.dims, *shape, node.attributeInt("allowzero", 0) != 0);
+  if (!out.ok()) {
+    *whyNot = unformedShape(node, out);
+    return std::nullopt;
   }
-  if (inferred >= 0 && known(in.dims)) {
-    Dims others = out;
-    others.erase(others.begin() + inferred);
-    if (known(others) && product(others, 0) != 0) out[static_cast<std::size_t>(inferred)] = product(in.dims, 0) / product(others, 0);
-  }
-  auto mapped = reshapedAxis(node, in, out, channels, whyNot);
+  auto mapped = reshapedAxis(node, in, out.dims, channels, whyNot);
   if (!mapped) return std::nullopt;
-  return AxisState{out, *mapped};
+  return AxisState{out.dims, *mapped};
 }
 
 const std::unordered_map<std::string, StepFunction>& stepTable() {
@@ -250,14 +211,14 @@ const Value* sharedValueOnPath(const LayoutPath& path, const Value& last) {
 
 std::optional<int64_t> mapFeatureAxis(const LayoutPath& path, int64_t rank, int64_t axis, int64_t channels,
                                       const RuleContext& context, MatchFailure* whyNot) {
-  AxisState state{Dims(static_cast<std::size_t>(rank), kUnknownDim), axis};
+  AxisState state{Dims(static_cast<std::size_t>(rank), analysis::kUnknownDim), axis};
   state.dims[static_cast<std::size_t>(axis)] = channels;
   auto fillFrom = [](AxisState& s, const Value* value) {
     if (!value) return;
-    auto declared = knownShape(*value);
+    auto declared = analysis::knownShape(*value);
     if (!declared || declared->size() != s.dims.size()) return;
     for (std::size_t i = 0; i < s.dims.size(); ++i)
-      if (s.dims[i] == kUnknownDim) s.dims[i] = (*declared)[i];
+      if (s.dims[i] == analysis::kUnknownDim) s.dims[i] = (*declared)[i];
   };
   if (!path.steps.empty()) fillFrom(state, path.steps.front()->input(0));
   for (const Node* step : path.steps) {

@@ -28,6 +28,13 @@ onnx::AttributeProto intsAttribute(const std::string& name, const std::vector<in
   return attribute;
 }
 
+std::vector<onnx::AttributeProto> broadcastAttributes(int64_t opset, std::optional<int64_t> axis) {
+  if (opset >= kNumpyBroadcastOpset) return {};
+  std::vector<onnx::AttributeProto> attributes{intAttribute("broadcast", 1)};
+  if (axis) attributes.push_back(intAttribute("axis", *axis));
+  return attributes;
+}
+
 namespace {
 
 // One op whose int64 list (`axes` or `shape`) is an attribute before `inputFromOpset` and an input from then on.

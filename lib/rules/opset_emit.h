@@ -5,10 +5,12 @@
 //   ReduceMean: `axes` attribute up to opset 17, optional int64 input from 18.
 //   Unsqueeze / Squeeze: `axes` attribute up to opset 12, int64 input from 13.
 //   Reshape: `shape` attribute up to opset 4, int64 input from 5.
+//   Add / Sub / Mul / Div, and Gemm's C: broadcast only with `broadcast=1` up to opset 6, numpy-style from 7.
 // Axes and shapes that become inputs are written as new int64 initializers next to the anchor node.
 // Each function creates one node right before `anchor` and returns its single output.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,11 @@ int64_t modelOpset(Rewriter& rewriter);
 onnx::AttributeProto intAttribute(const std::string& name, int64_t value);
 onnx::AttributeProto floatAttribute(const std::string& name, float value);
 onnx::AttributeProto intsAttribute(const std::string& name, const std::vector<int64_t>& values);
+
+/// The attributes a binary op (Add, Sub, Mul, Div) or a Gemm needs at `opset` to broadcast its second operand
+/// (Gemm: C): none from opset 7, where broadcasting is numpy's; before it `broadcast=1`, plus `axis` when the
+/// operand lines up with that axis rather than with the trailing ones (a [C] vector against NCHW: axis 1).
+std::vector<onnx::AttributeProto> broadcastAttributes(int64_t opset, std::optional<int64_t> axis = std::nullopt);
 
 /// Names for what one rewrite emits: nodes are called "<base>/<step>" and their outputs "<base>_<step>".
 struct EmitNames {

@@ -9,6 +9,9 @@
 
 #include <Eigen/Core>
 
+#include "analysis/op_forms.h"
+#include "analysis/shape_ops.h"
+
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -294,83 +297,26 @@ class Evaluator {
     return intsAttribute(node, "axes");
   }
 
-  static int64_t normalizedAxis(int64_t axis, int64_t rank, const RegionNode& node) {
-    if (axis < -rank || axis >= rank) throw EvaluationError(describe(node) + ": axis out of range");
-    return axis < 0 ? axis + rank : axis;
-  }
-
   void evaluateReshape(const RegionNode& node) {
-    const Operand<T>& x = input(node, 0);
-    std::vector<int64_t> shape = region_.opset >= 5 ? integers(node, 1) : intsAttribute(node, "shape");
-    const bool allowZero = intAttribute(node, "allowzero", 0) != 0;
-    const Dims& in = x.dims();
-    int64_t known = 1, inferred = -1;
-    for (std::size_t i = 0; i < shape.size(); ++i) {
-      if (shape[i] == 0 && !allowZero) {
-        if (i >= in.size()) throw EvaluationError(describe(node) + ": 0 copies a dim the input does not have");
-        shape[i] = in[i];
-      }
-      if (shape[i] == -1) {
-        if (inferred >= 0) throw EvaluationError(describe(node) + ": two -1 dims");
-        inferred = static_cast<int64_t>(i);
-        continue;
-      }
-      if (shape[i] < 0) throw EvaluationError(describe(node) + ": negative dim");
-      const std::optional<int64_t> product = checkedProduct(known, shape[i]);  // the shape input is untrusted
-      if (!product) throw EvaluationError(describe(node) + ": the shape's element count does not fit in 64 bits");
-      known = *product;
-    }
-    const int64_t count = elementCount(in);
-    if (inferred >= 0) {
-      if (known == 0 || count % known != 0) throw EvaluationError(describe(node) + ": cannot infer the -1 dim");
-      shape[static_cast<std::size_t>(inferred)] = count / known;
-    } else if (known != count) {
-      throw EvaluationError(describe(node) + ": shape does not match the element count");
-    }
-    Operand<T> out = x;
-    (out.isInteger() ? out.integer.dims : out.real.dims) = shape;
-    setOutput(node, 0, std::move(out));
+    const std::vector<int64_t> shape =
+        region_.opset >= kReshapeShapeInputOpset ? integers(node, 1) : intsAttribute(node, "shape");
+    reshaped(node, input(node, 0), analysis::reshapeShape(input(node, 0).dims(), shape,
+                                                          intAttribute(node, "allowzero", 0) != 0));
   }
 
-  void reshaped(const RegionNode& node, const Operand<T>& x, Dims dims) {
-    if (elementCount(dims) != elementCount(x.dims())) throw EvaluationError(describe(node) + ": element count changes");
+  /// Input 0 with the dims of `shape` (the ops that only change dims).
+  void reshaped(const RegionNode& node, const Operand<T>& x, const analysis::OutputShape& shape) {
+    if (!shape.ok()) throw EvaluationError(describe(node) + " " + shape.message);
+    if (elementCount(shape.dims) != elementCount(x.dims())) throw EvaluationError(describe(node) + ": element count changes");
     Operand<T> out = x;
-    (out.isInteger() ? out.integer.dims : out.real.dims) = std::move(dims);
+    (out.isInteger() ? out.integer.dims : out.real.dims) = shape.dims;
     setOutput(node, 0, std::move(out));
   }
 
   void evaluateSqueeze(const RegionNode& node, bool unsqueeze) {
     const Operand<T>& x = input(node, 0);
-    std::vector<int64_t> axes = axesOf(node, 13, 1);
-    Dims in = x.dims();
-    if (unsqueeze) {
-      const auto rank = static_cast<int64_t>(in.size() + axes.size());
-      std::vector<bool> inserted(static_cast<std::size_t>(rank), false);
-      for (int64_t axis : axes) {
-        const int64_t a = normalizedAxis(axis, rank, node);
-        if (inserted[static_cast<std::size_t>(a)]) throw EvaluationError(describe(node) + ": repeated axis");
-        inserted[static_cast<std::size_t>(a)] = true;
-      }
-      Dims out;
-      std::size_t next = 0;
-      for (int64_t i = 0; i < rank; ++i) out.push_back(inserted[static_cast<std::size_t>(i)] ? 1 : in.at(next++));
-      reshaped(node, x, out);
-      return;
-    }
-    const auto rank = static_cast<int64_t>(in.size());
-    std::vector<bool> removed(in.size(), false);
-    if (axes.empty()) {
-      for (std::size_t i = 0; i < in.size(); ++i) removed[i] = in[i] == 1;
-    }
-    for (int64_t axis : axes) {
-      const int64_t a = normalizedAxis(axis, rank, node);
-      if (in[static_cast<std::size_t>(a)] != 1) throw EvaluationError(describe(node) + ": squeezes a dim that is not 1");
-      removed[static_cast<std::size_t>(a)] = true;
-    }
-    Dims out;
-    for (std::size_t i = 0; i < in.size(); ++i)
-      if (!removed[i]) out.push_back(in[i]);
-    reshaped(node, x, out);
+    const std::vector<int64_t> axes = axesOf(node, kSqueezeAxesInputOpset, 1);
+    reshaped(node, x, unsqueeze ? analysis::unsqueezeShape(x.dims(), axes) : analysis::squeezeShape(x.dims(), axes));
   }
 
   void evaluateCast(const RegionNode& node) {
@@ -462,8 +408,8 @@ class Evaluator {
     }
     if (op == "ReduceMean") {
       const Operand<T>& x = input(node, 0);
-      std::vector<int64_t> axes = axesOf(node, 18, 1);
-      if (axes.empty() && region_.opset >= 18 && intAttribute(node, "noop_with_empty_axes", 0) != 0) {
+      std::vector<int64_t> axes = axesOf(node, kReduceMeanAxesInputOpset, 1);
+      if (axes.empty() && region_.opset >= kReduceMeanAxesInputOpset && intAttribute(node, "noop_with_empty_axes", 0) != 0) {
         setOutput(node, 0, x);
         return;
       }
@@ -473,13 +419,7 @@ class Evaluator {
     if (op == "Reshape") return evaluateReshape(node);
     if (op == "Flatten") {
       const Operand<T>& x = input(node, 0);
-      const auto rank = static_cast<int64_t>(x.dims().size());
-      int64_t axis = intAttribute(node, "axis", 1);
-      if (axis < 0) axis += rank;
-      if (axis < 0 || axis > rank) throw EvaluationError(describe(node) + ": axis out of range");
-      int64_t outer = 1, inner = 1;
-      for (int64_t i = 0; i < rank; ++i) (i < axis ? outer : inner) *= x.dims()[static_cast<std::size_t>(i)];
-      reshaped(node, x, {outer, inner});
+      reshaped(node, x, analysis::flattenShape(x.dims(), intAttribute(node, "axis", 1)));
       return;
     }
     if (op == "Squeeze" || op == "Unsqueeze") return evaluateSqueeze(node, op == "Unsqueeze");

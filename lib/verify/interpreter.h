@@ -1,8 +1,9 @@
 #pragma once
 // Evaluates a Region (region.h) with the reference kernels: each node's ONNX semantics at the region's opset,
 // floating values in T (float for float, float16 and bfloat16 models; double for double models), integers in
-// int64. Written apart from constant evaluation (lib/rewrite/constant_eval) on purpose: the verifier must not
-// share code with what it checks.
+// int64. Its kernels are written apart from constant evaluation (lib/rewrite/constant_eval) and the rules on purpose:
+// the verifier must not share numeric code with what it checks. The layout ops' shape arithmetic is the one of
+// lib/analysis/shape_ops, which every part of bnfold uses.
 
 #include <map>
 #include <string>

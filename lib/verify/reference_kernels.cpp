@@ -1,9 +1,10 @@
 #include "verify/reference_kernels.h"
 
+#include "bnfold/dims_text.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <sstream>
 #include <stdexcept>
 #include <type_traits>
 
@@ -17,14 +18,6 @@ namespace {
 constexpr int64_t kMaxElements = int64_t{1} << 27;
 
 [[noreturn]] void fail(const std::string& what) { throw std::invalid_argument(what); }
-
-std::string dimsText(const Dims& dims) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < dims.size(); ++i) out << (i ? "," : "") << dims[i];
-  out << "]";
-  return out.str();
-}
 
 int64_t mulChecked(int64_t a, int64_t b, const char* what) {
   int64_t result = 0;
@@ -41,7 +34,7 @@ int64_t addChecked(int64_t a, int64_t b, const char* what) {
 template <typename T>
 void checkArray(const Array<T>& a, const char* what) {
   if (elementCount(a.dims) != static_cast<int64_t>(a.data.size())) {
-    fail(std::string(what) + ": dims " + dimsText(a.dims) + " do not match " + std::to_string(a.data.size()) +
+    fail(std::string(what) + ": dims " + formatDims(a.dims) + " do not match " + std::to_string(a.data.size()) +
          " elements");
   }
 }
@@ -50,7 +43,7 @@ void checkArray(const Array<T>& a, const char* what) {
 template <typename T>
 Array<T> makeArray(Dims dims) {
   const int64_t count = elementCount(dims);
-  if (count > kMaxElements) fail("output of dims " + dimsText(dims) + " is too large");
+  if (count > kMaxElements) fail("output of dims " + formatDims(dims) + " is too large");
   Array<T> out;
   out.dims = std::move(dims);
   out.data.assign(static_cast<size_t>(count), T(0));
@@ -127,9 +120,9 @@ SpatialAttributes spatialAttributes(const ConvAttributes& a, const Dims& wDims, 
   SpatialAttributes s;
   s.kernel.assign(wDims.begin() + 2, wDims.end());
   for (int64_t k : s.kernel)
-    if (k < 1) fail(name + ": kernel dims must be >= 1, W is " + dimsText(wDims));
+    if (k < 1) fail(name + ": kernel dims must be >= 1, W is " + formatDims(wDims));
   if (!a.kernelShape.empty() && a.kernelShape != s.kernel) {
-    fail(name + ": kernel_shape " + dimsText(a.kernelShape) + " does not match W " + dimsText(wDims));
+    fail(name + ": kernel_shape " + formatDims(a.kernelShape) + " does not match W " + formatDims(wDims));
   }
   auto perAxis = [&](const std::vector<int64_t>& values, const char* attr, int64_t fallback, int64_t minimum) {
     if (values.empty()) return Dims(n, fallback);
@@ -223,7 +216,7 @@ void checkBias(const Array<T>* bias, int64_t channels, const char* op) {
   if (!bias) return;
   checkArray(*bias, op);
   if (bias->dims != Dims{channels}) {
-    fail(std::string(op) + ": bias " + dimsText(bias->dims) + " is not [" + std::to_string(channels) + "]");
+    fail(std::string(op) + ": bias " + formatDims(bias->dims) + " is not [" + std::to_string(channels) + "]");
   }
 }
 
@@ -232,7 +225,7 @@ void checkBias(const Array<T>* bias, int64_t channels, const char* op) {
 int64_t elementCount(const Dims& dims) {
   int64_t count = 1;
   for (int64_t d : dims) {
-    if (d < 0) fail("negative dim in " + dimsText(dims));
+    if (d < 0) fail("negative dim in " + formatDims(dims));
     count = mulChecked(count, d, "element count");
   }
   return count;
@@ -244,8 +237,8 @@ Dims broadcastDims(const Dims& a, const Dims& b) {
   for (size_t i = 0; i < rank; ++i) {
     const int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
     const int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
-    if (da < 0 || db < 0) fail("negative dim in broadcast of " + dimsText(a) + " and " + dimsText(b));
-    if (da != db && da != 1 && db != 1) fail("cannot broadcast " + dimsText(a) + " with " + dimsText(b));
+    if (da < 0 || db < 0) fail("negative dim in broadcast of " + formatDims(a) + " and " + formatDims(b));
+    if (da != db && da != 1 && db != 1) fail("cannot broadcast " + formatDims(a) + " with " + formatDims(b));
     out[i] = da == 1 ? db : da;
   }
   return out;
@@ -258,15 +251,15 @@ template <typename T>
 Array<T> conv(const Array<T>& x, const Array<T>& w, const Array<T>* bias, const ConvAttributes& a) {
   checkArray(x, "Conv X");
   checkArray(w, "Conv W");
-  if (x.dims.size() < 3) fail("Conv: X must have rank >= 3, got " + dimsText(x.dims));
-  if (w.dims.size() != x.dims.size()) fail("Conv: W " + dimsText(w.dims) + " and X " + dimsText(x.dims) + " differ in rank");
+  if (x.dims.size() < 3) fail("Conv: X must have rank >= 3, got " + formatDims(x.dims));
+  if (w.dims.size() != x.dims.size()) fail("Conv: W " + formatDims(w.dims) + " and X " + formatDims(x.dims) + " differ in rank");
   const size_t n = x.dims.size() - 2;
   const int64_t batch = x.dims[0], channels = x.dims[1], outChannels = w.dims[0], group = a.group;
   if (group < 1) fail("Conv: group must be >= 1");
   if (channels % group != 0 || outChannels % group != 0) fail("Conv: channels not divisible by group");
   const int64_t inPerGroup = channels / group, outPerGroup = outChannels / group;
   if (w.dims[1] != inPerGroup) {
-    fail("Conv: W " + dimsText(w.dims) + " does not fit X " + dimsText(x.dims) + " with group " + std::to_string(group));
+    fail("Conv: W " + formatDims(w.dims) + " does not fit X " + formatDims(x.dims) + " with group " + std::to_string(group));
   }
   checkBias(bias, outChannels, "Conv B");
   const SpatialAttributes s = spatialAttributes(a, w.dims, "Conv");
@@ -287,10 +280,10 @@ Array<T> conv(const Array<T>& x, const Array<T>& w, const Array<T>* bias, const 
     } else {
       padBegin[d] = s.padBegin[d];
       const int64_t padded = addChecked(addChecked(in, s.padBegin[d], "Conv"), s.padEnd[d], "Conv");
-      if (padded < reach) fail("Conv: kernel reach exceeds padded input " + dimsText(x.dims));
+      if (padded < reach) fail("Conv: kernel reach exceeds padded input " + formatDims(x.dims));
       outSpatial[d] = (padded - reach) / stride + 1;
     }
-    if (outSpatial[d] < 1) fail("Conv: empty output for input " + dimsText(x.dims));
+    if (outSpatial[d] < 1) fail("Conv: empty output for input " + formatDims(x.dims));
   }
 
   Dims outDims{batch, outChannels};
@@ -394,14 +387,14 @@ template <typename T>
 Array<T> convTranspose(const Array<T>& x, const Array<T>& w, const Array<T>* bias, const ConvAttributes& a) {
   checkArray(x, "ConvTranspose X");
   checkArray(w, "ConvTranspose W");
-  if (x.dims.size() < 3) fail("ConvTranspose: X must have rank >= 3, got " + dimsText(x.dims));
+  if (x.dims.size() < 3) fail("ConvTranspose: X must have rank >= 3, got " + formatDims(x.dims));
   if (w.dims.size() != x.dims.size()) {
-    fail("ConvTranspose: W " + dimsText(w.dims) + " and X " + dimsText(x.dims) + " differ in rank");
+    fail("ConvTranspose: W " + formatDims(w.dims) + " and X " + formatDims(x.dims) + " differ in rank");
   }
   const size_t n = x.dims.size() - 2;
   const int64_t batch = x.dims[0], channels = x.dims[1], group = a.group;
   if (group < 1) fail("ConvTranspose: group must be >= 1");
-  if (w.dims[0] != channels) fail("ConvTranspose: W " + dimsText(w.dims) + " does not fit X " + dimsText(x.dims));
+  if (w.dims[0] != channels) fail("ConvTranspose: W " + formatDims(w.dims) + " does not fit X " + formatDims(x.dims));
   if (channels % group != 0) fail("ConvTranspose: channels not divisible by group");
   const int64_t inPerGroup = channels / group, outPerGroup = w.dims[1];
   const int64_t outChannels = mulChecked(outPerGroup, group, "ConvTranspose");
@@ -417,7 +410,7 @@ Array<T> convTranspose(const Array<T>& x, const Array<T>& w, const Array<T>* bia
     const int64_t adjust = a.outputPadding.empty() ? 0 : a.outputPadding[d];
     if (adjust < 0) fail("ConvTranspose: negative output_padding");
     const int64_t shapeDim = a.outputShape.empty() ? -1 : a.outputShape[a.outputShape.size() == n ? d : d + 2];
-    if (inSpatial[d] < 1) fail("ConvTranspose: empty spatial input " + dimsText(x.dims));
+    if (inSpatial[d] < 1) fail("ConvTranspose: empty spatial input " + formatDims(x.dims));
     const TransposePads p = convTransposePads(inSpatial[d], s.kernel[d], s.strides[d], s.dilations[d], adjust,
                                               s.padBegin[d], s.padEnd[d], shapeDim, a.autoPad);
     padBegin[d] = p.begin;
@@ -479,7 +472,7 @@ Array<T> gemm(const Array<T>& a, const Array<T>& b, const Array<T>* c, double al
   if (a.dims.size() != 2 || b.dims.size() != 2) fail("Gemm: A and B must be 2-D");
   const int64_t m = transA ? a.dims[1] : a.dims[0], k = transA ? a.dims[0] : a.dims[1];
   const int64_t kB = transB ? b.dims[1] : b.dims[0], n = transB ? b.dims[0] : b.dims[1];
-  if (k != kB) fail("Gemm: A " + dimsText(a.dims) + " and B " + dimsText(b.dims) + " do not multiply");
+  if (k != kB) fail("Gemm: A " + formatDims(a.dims) + " and B " + formatDims(b.dims) + " do not multiply");
   Dims cDims;
   if (c) {
     checkArray(*c, "Gemm C");
@@ -487,7 +480,7 @@ Array<T> gemm(const Array<T>& a, const Array<T>& b, const Array<T>* c, double al
     if (cDims.size() > 2) fail("Gemm: C must have rank <= 2");
     while (cDims.size() < 2) cDims.insert(cDims.begin(), 1);
     if ((cDims[0] != 1 && cDims[0] != m) || (cDims[1] != 1 && cDims[1] != n)) {
-      fail("Gemm: C " + dimsText(c->dims) + " does not broadcast to [" + std::to_string(m) + "," + std::to_string(n) + "]");
+      fail("Gemm: C " + formatDims(c->dims) + " does not broadcast to [" + std::to_string(m) + "," + std::to_string(n) + "]");
     }
   }
   Array<T> y = makeArray<T>({m, n});
@@ -518,7 +511,7 @@ Array<T> matMul(const Array<T>& a, const Array<T>& b) {
   if (da.size() == 1) da.insert(da.begin(), 1);
   if (db.size() == 1) db.push_back(1);
   const int64_t m = da[da.size() - 2], k = da.back(), kB = db[db.size() - 2], n = db.back();
-  if (k != kB) fail("MatMul: " + dimsText(a.dims) + " and " + dimsText(b.dims) + " do not multiply");
+  if (k != kB) fail("MatMul: " + formatDims(a.dims) + " and " + formatDims(b.dims) + " do not multiply");
   const Dims batchA(da.begin(), da.end() - 2), batchB(db.begin(), db.end() - 2);
   const Dims batch = broadcastDims(batchA, batchB);
   Dims outDims = batch;
@@ -545,12 +538,12 @@ namespace {
 template <typename T>
 int64_t checkBatchNorm(const Array<T>& x, std::initializer_list<const Array<T>*> params, const char* op) {
   checkArray(x, op);
-  if (x.dims.size() < 2) fail(std::string(op) + ": X must have rank >= 2, got " + dimsText(x.dims));
+  if (x.dims.size() < 2) fail(std::string(op) + ": X must have rank >= 2, got " + formatDims(x.dims));
   const int64_t channels = x.dims[1];
   for (const Array<T>* p : params) {
     checkArray(*p, op);
     if (p->dims != Dims{channels}) {
-      fail(std::string(op) + ": parameter " + dimsText(p->dims) + " is not [" + std::to_string(channels) + "]");
+      fail(std::string(op) + ": parameter " + formatDims(p->dims) + " is not [" + std::to_string(channels) + "]");
     }
   }
   return channels;
@@ -796,11 +789,11 @@ Array<T> transpose(const Array<T>& x, const std::vector<int64_t>& perm) {
   std::vector<int64_t> p = perm;
   if (p.empty())
     for (size_t i = rank; i-- > 0;) p.push_back(static_cast<int64_t>(i));
-  if (p.size() != rank) fail("Transpose: perm " + dimsText(perm) + " does not fit rank " + std::to_string(rank));
+  if (p.size() != rank) fail("Transpose: perm " + formatDims(perm) + " does not fit rank " + std::to_string(rank));
   std::vector<bool> seen(rank, false);
   for (int64_t axis : p) {
     if (axis < 0 || axis >= static_cast<int64_t>(rank) || seen[static_cast<size_t>(axis)]) {
-      fail("Transpose: perm " + dimsText(perm) + " is not a permutation");
+      fail("Transpose: perm " + formatDims(perm) + " is not a permutation");
     }
     seen[static_cast<size_t>(axis)] = true;
   }
@@ -916,7 +909,7 @@ Array<T> concat(const std::vector<const Array<T>*>& inputs, int64_t axis) {
   for (const Array<T>* input : inputs) {
     if (input->dims.size() != first.size()) fail("Concat: inputs differ in rank");
     for (size_t d = 0; d < first.size(); ++d)
-      if (d != at && input->dims[d] != first[d]) fail("Concat: " + dimsText(input->dims) + " does not fit " + dimsText(first));
+      if (d != at && input->dims[d] != first[d]) fail("Concat: " + formatDims(input->dims) + " does not fit " + formatDims(first));
     outDims[at] = addChecked(outDims[at], input->dims[at], "Concat");
   }
   Array<T> y = makeArray<T>(outDims);

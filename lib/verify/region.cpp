@@ -6,7 +6,7 @@
 
 #include "bnfold/ir/model.h"
 #include "interpreter.h"
-#include "rules/value_shape.h"
+#include "analysis/value_shape.h"
 
 namespace bnfold::verify {
 namespace {
@@ -92,8 +92,8 @@ RegionRecorder::Captured RegionRecorder::capture(const Node& node) const {
     if (const Tensor* tensor = input->constantTensor()) {
       captured.constants[input->name()] = operandOf(*tensor);
     } else if (!input->producer() || !isConstantNode(*input->producer())) {
-      RuntimeInput runtime{input->name(), rules::knownShape(*input), DataType::Undefined};
-      if (auto type = rules::knownElementType(*input)) runtime.type = *type;
+      RuntimeInput runtime{input->name(), analysis::knownShape(*input), DataType::Undefined};
+      if (auto type = analysis::knownElementType(*input)) runtime.type = *type;
       captured.inputs.push_back(std::move(runtime));
     }
   }

@@ -11,6 +11,7 @@ const USAGE = `usage:
   compare.js A.onnx B.onnx [--seed N] [--runs K] [--inputs-from DIR] [--atol X] [--rtol Y] [--exact] [--json]
   compare.js --against-testdata MODEL.onnx DATA_DIR [--atol X] [--rtol Y] [--exact] [--json]
   compare.js --batch JOBS.json
+  compare.js --serve          (jobs as JSON lines on stdin, one result line each on stdout, until end of input)
 exit: 0 ok, 1 outputs differ (or mismatch structurally), 2 error`;
 
 const EXIT_OK = 0, EXIT_DIFFERENT = 1, EXIT_ERROR = 2;
@@ -45,6 +46,7 @@ function parseArgs(argv) {
             case '--inputs-from': options.inputsFrom = value(); break;
             case '--against-testdata': options.against = true; break;
             case '--batch': options.batch = value(); break;
+            case '--serve': options.serve = true; break;
             case '-h': case '--help': process.stdout.write(USAGE + '\n'); process.exit(EXIT_OK); break;
             default:
                 if (arg.startsWith('--')) usageError(`unknown option ${arg}`);
@@ -199,6 +201,17 @@ function emit(options, title, result) {
     if (result.error) process.stderr.write(`compare.js: ${result.error}\n`);
 }
 
+/** Runs one job object of --batch or --serve; never throws. */
+async function runJob(job, where) {
+    try {
+        if (job && typeof job.model === 'string' && typeof job.testdata === 'string') return await compareWithTestData(job);
+        if (job && typeof job.a === 'string' && typeof job.b === 'string') return await compareModels(job);
+        throw new OracleError(`${where} needs "a" and "b", or "model" and "testdata"`, 'usage');
+    } catch (e) {
+        return errorResult(e);
+    }
+}
+
 /** One JSON line per job; a failing job does not stop the others. */
 async function runBatch(file) {
     let jobs;
@@ -210,19 +223,7 @@ async function runBatch(file) {
     if (!Array.isArray(jobs)) throw new OracleError(`${file}: batch file must hold a JSON array of jobs`, 'usage');
     let exitCode = EXIT_OK;
     for (let index = 0; index < jobs.length; index++) {
-        const job = jobs[index];
-        let result;
-        try {
-            if (job && typeof job.model === 'string' && typeof job.testdata === 'string') {
-                result = await compareWithTestData(job);
-            } else if (job && typeof job.a === 'string' && typeof job.b === 'string') {
-                result = await compareModels(job);
-            } else {
-                throw new OracleError(`${file}: job ${index} needs "a" and "b", or "model" and "testdata"`, 'usage');
-            }
-        } catch (e) {
-            result = errorResult(e);
-        }
+        const result = await runJob(jobs[index], `${file}: job ${index}`);
         process.stdout.write(JSON.stringify({ job: index, ...result }) + '\n');
         if (result.error) process.stderr.write(`compare.js: job ${index}: ${result.error}\n`);
         exitCode = Math.max(exitCode, exitCodeOf(result));
@@ -230,9 +231,34 @@ async function runBatch(file) {
     return exitCode;
 }
 
+/**
+ * A long-lived oracle (test/support's compareInOrt keeps one per test process, so ORT loads once, not once per
+ * comparison): each stdin line is a batch job, answered by one result line, in order. Ends at end of input.
+ */
+async function serve() {
+    const lines = require('readline').createInterface({ input: process.stdin, crlfDelay: Infinity });
+    for await (const line of lines) {
+        if (line.trim() === '') continue;
+        let job;
+        try {
+            job = JSON.parse(line);
+        } catch (e) {
+            job = null;
+        }
+        const result = job === null ? errorResult(new OracleError('--serve: a request is not a JSON line', 'usage'))
+            : await runJob(job, '--serve: a request');
+        process.stdout.write(JSON.stringify(result) + '\n');
+    }
+    return EXIT_OK;
+}
+
 async function main() {
     const options = parseArgs(process.argv.slice(2));
     common.loadOrt(); // fail early, with the install hint, before doing anything else
+    if (options.serve) {
+        if (options.positional.length > 0 || options.batch !== undefined) usageError('--serve takes no other input');
+        return serve();
+    }
     if (options.batch !== undefined) {
         if (options.positional.length > 0) usageError('--batch takes no model arguments');
         return runBatch(options.batch);

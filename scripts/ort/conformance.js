@@ -3,6 +3,8 @@
 // Conformance run of bnfold over the ONNX backend test models (Debian's libonnx-testdata): fold every model, check
 // the result with the ONNX checker, and compare original and folded outputs in ONNX Runtime on the test data
 // inputs. Every model that cannot be compared is listed with the reason. See README.md.
+// Several --rules runs share one pass over the models: each model, its test data, its checker verdict and its
+// outputs in ONNX Runtime are read and computed once, then every run's fold of it is judged against them.
 //
 // ONNX Runtime runs in a forked worker (this file with --worker) so that a crash or hang inside ORT costs one
 // model, not the whole run.
@@ -14,15 +16,21 @@ const path = require('path');
 const common = require('./common');
 const { OracleError } = common;
 
-const USAGE = `usage: conformance.js --bnfold PATH --checker PATH [--rules RULES] [--out DIR] [--filter SUBSTR]
-                      [--atol X] [--rtol Y] [--data DIR] [--suites a,b,...] [--timeout SECONDS] [--sample N] [--verify] [--verbose]
+const USAGE = `usage: conformance.js --bnfold PATH --checker PATH [--rules RULES]... [--out DIR] [--filter SUBSTR]
+                      [--atol X] [--rtol Y] [--data DIR] [--suites a,b,...] [--timeout SECONDS] [--sample N] [--verify]
+                      [--verbose] [--results-only]
+       conformance.js --summary DIR --rules RULES
   --verify   runs fold with --verify: every rewrite must also pass bnfold's own numeric check
   --sample N keeps every model whose name says BatchNormalization, Conv, Gemm or MatMul (the ops the rules rewrite)
              and every Nth of the others (default 1: all); the same models in every run
-  --rules none (default) requires bitwise-identical outputs; any other value uses --atol/--rtol (default 1e-5)`;
+  --rules none (default) requires bitwise-identical outputs; any other value uses --atol/--rtol (default 1e-5);
+             given several times, each is a run of its own over the same pass
+  --results-only exits 0 once DIR/conformance.json is written, failures or not (for --summary to judge)
+  --summary  prints the failures, skips and counts of one --rules run from DIR/conformance.json; exit 1 on a
+             failure, 2 when that run is not in it`;
 
 const DEFAULTS = {
-    rules: 'none',
+    rules: [],
     out: path.join(os.tmpdir(), 'bnfold-conformance'),
     filter: '',
     atol: 1e-5,
@@ -33,6 +41,7 @@ const DEFAULTS = {
     sample: 1,
     verify: false,
     verbose: false,
+    resultsOnly: false,
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -48,18 +57,20 @@ function pickFeeds(feeds, session) {
 }
 
 /**
- * Runs the original on every data set (any problem there is a skip: the oracle cannot judge), then the output on
- * the same feeds (any problem there is a failure) and compares.
+ * Runs the original on every data set (any problem there is a skip: the oracle cannot judge), then each output on
+ * the same feeds (any problem there is a failure of that output) and compares. Reports each output's result as it
+ * is known, so that a crash on one output leaves the others' results.
  */
-async function compareInOrt(job, reportProgress) {
-    let original = null, output = null;
+async function compareInOrt(job, report) {
+    let original = null;
     const skip = reason => ({ status: 'skip', reason });
     const fail = reason => ({ status: 'fail', reason });
+    const skipAll = reason => job.outputs.forEach((_, k) => report({ index: k, result: skip(reason) }));
     try {
         try {
             original = await common.createSession(job.original);
         } catch (e) {
-            return skip(`ORT cannot load the original: ${e.detail}`);
+            return skipAll(`ORT cannot load the original: ${e.detail}`);
         }
         const feedSets = [];
         try {
@@ -69,28 +80,45 @@ async function compareInOrt(job, reportProgress) {
             for (const dir of job.dataSets) feedSets.push(common.feedsFromDataSet(original, dir));
         } catch (e) {
             // Drop the "original: " or "<data set folder>: " prefix; the record names the model.
-            return skip(e.message.replace(/^(original|\/\S*): /, ''));
+            return skipAll(e.message.replace(/^(original|\/\S*): /, ''));
         }
         const originalOutputs = [];
         for (const feeds of feedSets) {
             try {
                 originalOutputs.push(await common.runSession(original, feeds, job.original));
             } catch (e) {
-                return skip(`ORT cannot run the original: ${e.detail}`);
+                return skipAll(`ORT cannot run the original: ${e.detail}`);
             }
         }
-        reportProgress('original-ran');
+        for (let index = 0; index < job.outputs.length; index++) {
+            report({ index, stage: 'running' });
+            const result = await compareOutput(job.outputs[index], original, feedSets, originalOutputs)
+                .catch(e => fail(`internal error: ${common.firstLine(e && e.stack || e)}`));
+            report({ index, result });
+        }
+    } catch (e) {
+        skipAll(`internal error: ${common.firstLine(e && e.stack || e)}`);
+    } finally {
+        common.releaseSession(original);
+    }
+}
+
+/** One output model against the original's outputs on the same feeds. */
+async function compareOutput(spec, original, feedSets, originalOutputs) {
+    const fail = reason => ({ status: 'fail', reason });
+    let output = null;
+    try {
         try {
-            output = await common.createSession(job.output);
+            output = await common.createSession(spec.output);
         } catch (e) {
             return fail(`ORT cannot load the output: ${e.detail}`);
         }
-        const tolerance = job.exact ? { exact: true } : { atol: job.atol, rtol: job.rtol };
+        const tolerance = spec.exact ? { exact: true } : { atol: spec.atol, rtol: spec.rtol };
         const perRun = [];
         for (let k = 0; k < feedSets.length; k++) {
             let outputs;
             try {
-                outputs = await common.runSession(output, pickFeeds(feedSets[k], output), job.output);
+                outputs = await common.runSession(output, pickFeeds(feedSets[k], output), spec.output);
             } catch (e) {
                 return fail(`ORT cannot run the output: ${e.detail}`);
             }
@@ -105,18 +133,15 @@ async function compareInOrt(job, reportProgress) {
             return { status: 'fail', reason, outputs: summary, dataSets: feedSets.length };
         }
         return { status: 'pass', outputs: summary, dataSets: feedSets.length };
-    } catch (e) {
-        return fail(`internal error: ${common.firstLine(e && e.stack || e)}`);
     } finally {
-        common.releaseSession(original);
         common.releaseSession(output);
     }
 }
 
 function runWorker() {
     process.on('message', async job => {
-        const result = await compareInOrt(job, stage => process.send({ id: job.id, stage }));
-        process.send({ id: job.id, result });
+        await compareInOrt(job, message => process.send({ id: job.id, ...message }));
+        process.send({ id: job.id, done: true });
     });
     process.on('disconnect', () => process.exit(0));
 }
@@ -134,39 +159,49 @@ class OrtWorker {
     start() {
         this.child = childProcess.fork(__filename, ['--worker'], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
     }
-    /** Resolves with the worker's result, or a skip/fail telling how ORT died. */
+    /** Resolves with one result per output of the job, or skips/fails telling how ORT died. */
     run(job) {
         if (!this.child) this.start();
         const child = this.child;
         const id = this.nextId++;
         return new Promise(resolve => {
-            let originalRan = false;
+            const results = new Array(job.outputs.length).fill(null);
+            let running = -1;
             let settled = false;
-            const finish = result => {
+            const finish = () => {
                 if (settled) return;
                 settled = true;
                 clearTimeout(timer);
                 child.removeListener('message', onMessage);
                 child.removeListener('exit', onExit);
-                resolve(result);
+                resolve(results);
             };
-            // A crash while running the original says nothing about bnfold; a crash on the output does.
-            const died = what => (originalRan ? { status: 'fail', reason: `ORT ${what} on the output model` }
-                : { status: 'skip', reason: `ORT ${what} on the original model` });
+            // A crash while running the original says nothing about bnfold; a crash on an output does, about that
+            // output only: the outputs after it were not compared.
+            const died = what => {
+                for (let k = 0; k < results.length; k++) {
+                    if (results[k]) continue;
+                    if (running < 0) results[k] = { status: 'skip', reason: `ORT ${what} on the original model` };
+                    else if (k === running) results[k] = { status: 'fail', reason: `ORT ${what} on the output model` };
+                    else results[k] = { status: 'skip', reason: `not compared: ORT ${what} on another output model` };
+                }
+                finish();
+            };
             const onMessage = message => {
                 if (message.id !== id) return;
-                if (message.stage === 'original-ran') originalRan = true;
-                if (message.result) finish(message.result);
+                if (message.stage === 'running') running = message.index;
+                if (message.result && !results[message.index]) results[message.index] = message.result;
+                if (message.done) finish();
             };
             const onExit = (code, signal) => {
                 this.child = null;
-                finish(died(signal ? `crashed (${signal})` : `exited with code ${code}`));
+                died(signal ? `crashed (${signal})` : `exited with code ${code}`);
             };
             const timer = setTimeout(() => {
                 child.removeListener('exit', onExit);
                 child.kill('SIGKILL');
                 this.child = null;
-                finish(died(`timed out after ${this.timeoutMs / 1000} s`));
+                died(`timed out after ${this.timeoutMs / 1000} s`);
             }, this.timeoutMs);
             child.on('message', onMessage);
             child.on('exit', onExit);
@@ -200,7 +235,7 @@ function parseArgs(argv) {
         switch (arg) {
             case '--bnfold': options.bnfold = value(); break;
             case '--checker': options.checker = value(); break;
-            case '--rules': options.rules = value(); break;
+            case '--rules': options.rules = options.rules.concat([value()]); break;
             case '--out': options.out = value(); break;
             case '--filter': options.filter = value(); break;
             case '--atol': options.atol = numberArg(arg, value()); break;
@@ -211,9 +246,17 @@ function parseArgs(argv) {
             case '--sample': options.sample = numberArg(arg, value()); break;
             case '--verbose': options.verbose = true; break;
             case '--verify': options.verify = true; break;
+            case '--results-only': options.resultsOnly = true; break;
+            case '--summary': options.summary = value(); break;
             case '-h': case '--help': process.stdout.write(USAGE + '\n'); process.exit(0); break;
             default: usageError(`unknown argument ${arg}`);
         }
+    }
+    if (options.rules.length === 0) options.rules = ['none'];
+    if (new Set(options.rules).size !== options.rules.length) usageError('a --rules value is given twice');
+    if (options.summary !== undefined) {
+        if (options.rules.length !== 1) usageError('--summary needs exactly one --rules');
+        return options;
     }
     for (const key of ['bnfold', 'checker']) {
         if (!options[key]) usageError(`--${key} is required`);
@@ -276,64 +319,69 @@ function runChecker(checker, file, timeoutSeconds) {
     });
 }
 
-/** Folds one model and judges the result. Returns the per-model record. */
-async function processModel(entry, options, worker) {
-    const record = { model: entry.id, status: 'pass', failures: [], skips: [], checkerSkips: [] };
+/** bnfold's fold of one model with one --rules value: the failures it shows before any comparison. */
+function foldModel(entry, rules, options) {
     const outDir = path.join(options.out, entry.suite);
-    const outModel = path.join(outDir, `${entry.name}.onnx`);
-    const outReport = path.join(outDir, `${entry.name}.json`);
+    const base = path.join(outDir, `${entry.name}.rules-${rules}`);
+    const fold = { rules, outModel: `${base}.onnx`, outReport: `${base}.json`, failures: [] };
     fs.mkdirSync(outDir, { recursive: true });
-    for (const stale of [outModel, outReport]) fs.rmSync(stale, { force: true });
-
-    // a. fold
-    const fold = childProcess.spawnSync(options.bnfold,
-        ['fold', entry.model, '-o', outModel, '--report', outReport, '--rules', options.rules, '-q']
+    for (const stale of [fold.outModel, fold.outReport]) fs.rmSync(stale, { force: true });
+    const run = childProcess.spawnSync(options.bnfold,
+        ['fold', entry.model, '-o', fold.outModel, '--report', fold.outReport, '--rules', rules, '-q']
             .concat(options.verify ? ['--verify'] : []),
         { encoding: 'utf8', timeout: options.timeout * 1000, maxBuffer: 64 << 20 });
-    record.bnfold = { exit: fold.status, signal: fold.signal || undefined, stderr: (fold.stderr || '').trim() };
-    if (fold.status !== 0) {
-        record.failures.push(`bnfold ${describeExit(fold)}: ${toolMessage(fold.stderr, fold.stdout)}`);
-    } else if (!fs.existsSync(outModel)) {
-        record.failures.push('bnfold exited 0 but wrote no output model');
-    } else if (!fs.existsSync(outReport)) {
-        record.failures.push('bnfold exited 0 but wrote no report');
+    fold.bnfold = { exit: run.status, signal: run.signal || undefined, stderr: (run.stderr || '').trim() };
+    if (run.status !== 0) {
+        fold.failures.push(`bnfold ${describeExit(run)}: ${toolMessage(run.stderr, run.stdout)}`);
+    } else if (!fs.existsSync(fold.outModel)) {
+        fold.failures.push('bnfold exited 0 but wrote no output model');
+    } else if (!fs.existsSync(fold.outReport)) {
+        fold.failures.push('bnfold exited 0 but wrote no report');
     } else {
         try {
-            JSON.parse(fs.readFileSync(outReport, 'utf8'));
+            JSON.parse(fs.readFileSync(fold.outReport, 'utf8'));
         } catch (e) {
-            record.failures.push(`the report is not valid JSON: ${common.firstLine(e.message)}`);
+            fold.failures.push(`the report is not valid JSON: ${common.firstLine(e.message)}`);
         }
     }
-    if (record.failures.length > 0 || !fs.existsSync(outModel)) {
-        record.status = 'fail';
-        return record;
-    }
+    return fold;
+}
 
-    // b. checker on output and original, running while ORT works (c, d)
-    const checks = Promise.all([runChecker(options.checker, outModel, options.timeout),
-        runChecker(options.checker, entry.model, options.timeout)]);
+/** Folds one model with every --rules value and judges each result. Returns one record per --rules value. */
+async function processModel(entry, options, worker) {
+    const folds = options.rules.map(rules => foldModel(entry, rules, options));
+    const records = folds.map(fold => ({ model: entry.id, status: 'pass', failures: fold.failures, skips: [],
+        checkerSkips: [], bnfold: fold.bnfold }));
+    const compared = folds.map((fold, k) => k).filter(k => records[k].failures.length === 0);
+    for (const k of records.keys()) if (!compared.includes(k)) records[k].status = 'fail';
+    if (compared.length === 0) return records;
+
+    // b. checker on the original once and on each output, running while ORT works (c, d)
+    const checks = Promise.all([runChecker(options.checker, entry.model, options.timeout)]
+        .concat(compared.map(k => runChecker(options.checker, folds[k].outModel, options.timeout))));
     const ort = worker.run({
         original: entry.model,
-        output: outModel,
         dataSets: common.listDataSets(entry.dir),
-        exact: options.rules === 'none',
-        atol: options.atol,
-        rtol: options.rtol,
+        outputs: compared.map(k => ({ output: folds[k].outModel, exact: options.rules[k] === 'none',
+            atol: options.atol, rtol: options.rtol })),
     });
-    const [[checkOutput, checkOriginal], ortResult] = await Promise.all([checks, ort]);
-    if (!checkOutput.ok) {
-        if (checkOriginal.ok) {
-            record.failures.push(`checker rejects the output but accepts the original: ${checkOutput.message}`);
-        } else {
-            record.checkerSkips.push(`checker rejects the original too: ${checkOriginal.message}`);
+    const [[checkOriginal, ...checkOutputs], ortResults] = await Promise.all([checks, ort]);
+    compared.forEach((k, j) => {
+        const record = records[k], checkOutput = checkOutputs[j], ortResult = ortResults[j];
+        if (!checkOutput.ok) {
+            if (checkOriginal.ok) {
+                record.failures.push(`checker rejects the output but accepts the original: ${checkOutput.message}`);
+            } else {
+                record.checkerSkips.push(`checker rejects the original too: ${checkOriginal.message}`);
+            }
         }
-    }
-    record.ort = ortResult;
-    if (ortResult.status === 'fail') record.failures.push(ortResult.reason);
-    if (ortResult.status === 'skip') record.skips.push(ortResult.reason);
-    record.checked = ortResult.status === 'pass' || (ortResult.status === 'fail' && ortResult.outputs !== undefined);
-    record.status = record.failures.length > 0 ? 'fail' : (record.skips.length > 0 ? 'skip' : 'pass');
-    return record;
+        record.ort = ortResult;
+        if (ortResult.status === 'fail') record.failures.push(ortResult.reason);
+        if (ortResult.status === 'skip') record.skips.push(ortResult.reason);
+        record.checked = ortResult.status === 'pass' || (ortResult.status === 'fail' && ortResult.outputs !== undefined);
+        record.status = record.failures.length > 0 ? 'fail' : (record.skips.length > 0 ? 'skip' : 'pass');
+    });
+    return records;
 }
 
 // Skip reasons name nodes and files; drop those so that one cause makes one group.
@@ -366,42 +414,23 @@ function printGroups(title, groups) {
     process.stdout.write(lines.join('\n') + '\n');
 }
 
-async function runConformance(options) {
-    common.loadOrt(); // the install hint, before any work
-    const models = listModels(options);
-    if (models.length === 0) throw new OracleError(`conformance.js: no models under ${options.data} match '${options.filter}'`);
-    fs.mkdirSync(options.out, { recursive: true });
-    const worker = new OrtWorker(options.timeout);
-    const records = [];
-    const started = Date.now();
-    try {
-        for (let i = 0; i < models.length; i++) {
-            const record = await processModel(models[i], options, worker);
-            records.push(record);
-            if (options.verbose || record.status === 'fail') {
-                const why = record.status === 'pass' ? '' : `: ${[...record.failures, ...record.skips].join('; ')}`;
-                process.stderr.write(`[${i + 1}/${models.length}] ${record.model} ${record.status.toUpperCase()}${why}\n`);
-            } else if ((i + 1) % 100 === 0) {
-                process.stderr.write(`[${i + 1}/${models.length}] ${((Date.now() - started) / 1000).toFixed(0)} s\n`);
-            }
-        }
-    } finally {
-        worker.stop();
-    }
-    const seconds = (Date.now() - started) / 1000;
+function summarize(records, rules, options, seconds) {
     const count = status => records.filter(r => r.status === status).length;
-    const summary = {
+    return {
         models: records.length,
         checked: records.filter(r => r.checked).length,
         passed: count('pass'),
         failed: count('fail'),
         skipped: count('skip'),
         seconds,
-        rules: options.rules,
-        comparison: options.rules === 'none' ? 'bitwise' : { atol: options.atol, rtol: options.rtol },
+        rules,
+        comparison: rules === 'none' ? 'bitwise' : { atol: options.atol, rtol: options.rtol },
     };
-    fs.writeFileSync(path.join(options.out, 'conformance.json'), JSON.stringify({ summary, records }, null, 1) + '\n');
+}
 
+/** Failures, skips by reason and the counts of one --rules run; returns the exit code it deserves. */
+function printRun(run, resultsFile) {
+    const { summary, records } = run;
     const failed = records.filter(r => r.status === 'fail');
     if (failed.length > 0) {
         process.stdout.write(`failures (${failed.length}):\n` +
@@ -411,17 +440,69 @@ async function runConformance(options) {
         groupByReason(records.filter(r => r.status === 'skip'), 'skips'));
     printGroups('checker step skipped (the checker rejects the original model too), by reason:',
         groupByReason(records, 'checkerSkips'));
-    process.stdout.write(`results: ${path.join(options.out, 'conformance.json')} (${seconds.toFixed(1)} s)\n`);
-    process.stdout.write(`conformance: ${summary.models} models, ${summary.checked} checked, ${summary.passed} passed, ` +
-        `${summary.failed} failed, ${summary.skipped} skipped\n`);
+    process.stdout.write(`results: ${resultsFile} (${summary.seconds.toFixed(1)} s for the whole pass)\n`);
+    process.stdout.write(`conformance (--rules ${summary.rules}): ${summary.models} models, ${summary.checked} checked, ` +
+        `${summary.passed} passed, ${summary.failed} failed, ${summary.skipped} skipped\n`);
     return summary.failed > 0 ? 1 : 0;
+}
+
+async function runConformance(options) {
+    common.loadOrt(); // the install hint, before any work
+    const models = listModels(options);
+    if (models.length === 0) throw new OracleError(`conformance.js: no models under ${options.data} match '${options.filter}'`);
+    fs.mkdirSync(options.out, { recursive: true });
+    const worker = new OrtWorker(options.timeout);
+    const recordsByRun = options.rules.map(() => []);
+    const started = Date.now();
+    try {
+        for (let i = 0; i < models.length; i++) {
+            const records = await processModel(models[i], options, worker);
+            records.forEach((record, k) => {
+                recordsByRun[k].push(record);
+                if (options.verbose || record.status === 'fail') {
+                    const why = record.status === 'pass' ? '' : `: ${[...record.failures, ...record.skips].join('; ')}`;
+                    process.stderr.write(`[${i + 1}/${models.length}] ${record.model} --rules ${options.rules[k]} ` +
+                        `${record.status.toUpperCase()}${why}\n`);
+                }
+            });
+            if (!options.verbose && (i + 1) % 100 === 0) {
+                process.stderr.write(`[${i + 1}/${models.length}] ${((Date.now() - started) / 1000).toFixed(0)} s\n`);
+            }
+        }
+    } finally {
+        worker.stop();
+    }
+    const seconds = (Date.now() - started) / 1000;
+    const runs = options.rules.map((rules, k) => ({ summary: summarize(recordsByRun[k], rules, options, seconds),
+        records: recordsByRun[k] }));
+    const resultsFile = path.join(options.out, 'conformance.json');
+    fs.writeFileSync(resultsFile, JSON.stringify({ runs }, null, 1) + '\n');
+    const codes = runs.map(run => printRun(run, resultsFile));
+    return options.resultsOnly ? 0 : Math.max(...codes);
+}
+
+/** --summary: judges one run of a pass written with --results-only. */
+function printSummary(options) {
+    const resultsFile = path.join(path.resolve(options.summary), 'conformance.json');
+    let runs;
+    try {
+        runs = JSON.parse(fs.readFileSync(resultsFile, 'utf8')).runs;
+    } catch (e) {
+        throw new OracleError(`conformance.js: ${resultsFile}: cannot read the results: ${common.firstLine(e.message)}`);
+    }
+    const run = (runs || []).find(r => r.summary.rules === options.rules[0]);
+    if (!run) throw new OracleError(`conformance.js: ${resultsFile} has no run with --rules ${options.rules[0]}`);
+    return printRun(run, resultsFile);
 }
 
 if (require.main === module) {
     if (process.argv[2] === '--worker') {
         runWorker();
     } else {
-        (async () => runConformance(parseArgs(process.argv.slice(2))))().then(code => { process.exitCode = code; },
+        (async () => {
+            const options = parseArgs(process.argv.slice(2));
+            return options.summary !== undefined ? printSummary(options) : runConformance(options);
+        })().then(code => { process.exitCode = code; },
             error => {
                 const message = error instanceof OracleError ? error.message
                     : `conformance.js: ${common.firstLine(error && error.stack || error)}`;

@@ -16,7 +16,7 @@
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
 #include "bnfold/report/report.h"
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 #include "fuzz_support.h"
 #include "model_mutator.h"
 

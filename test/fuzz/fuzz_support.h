@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 
 namespace bnfold::fuzz {
 

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include "bnfold/dims_text.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "test_support.h"
 
@@ -37,6 +38,16 @@ TEST_CASE("values know their producer and every use", "[ir]") {
   REQUIRE(s->initializer());
   CHECK(s->uses().size() == 1);
   CHECK(s->uses()[0].slot == 1);
+}
+
+TEST_CASE("messages name a node by op type and name, and write dims in brackets", "[ir]") {
+  auto model = parseModel(kConvBnModel);
+  const Value* c = model->graph().findLocal("c");
+  REQUIRE(c);
+  CHECK(describe(*c->producer()) == "Conv 'Conv_0'");
+  CHECK(formatDims(std::vector<int64_t>{1, 8, 1, 1}) == "[1,8,1,1]");
+  CHECK(formatDims(std::vector<int64_t>{2, -1}, ", ") == "[2, -1]");
+  CHECK(formatDims(std::vector<int64_t>{}) == "[]");
 }
 
 TEST_CASE("unnamed nodes get stable unique names", "[ir]") {

@@ -8,7 +8,7 @@
 #include "bnfold/ir/model.h"
 #include "bnfold/ir/value_table.h"
 #include "bnfold/report/report.h"
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "test_support.h"
 

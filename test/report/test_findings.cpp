@@ -1,4 +1,4 @@
-// The findings API (bnfold/report/findings.h): a library user gets the same answers as `bnfold check`.
+// The findings API (bnfold/check/findings.h): a library user gets the same answers as `bnfold check`.
 
 #include <catch2/catch.hpp>
 
@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bnfold/error.h"
-#include "bnfold/report/findings.h"
+#include "bnfold/check/findings.h"
 #include "test_support.h"
 
 using bnfold::test::TempDir;

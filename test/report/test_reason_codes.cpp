@@ -17,7 +17,7 @@
 #include "bnfold/io/model_io.h"
 #include "bnfold/report/reason_codes.h"
 #include "bnfold/report/report.h"
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 #include "test_support.h"
 
 using namespace bnfold;

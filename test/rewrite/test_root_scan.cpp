@@ -45,11 +45,11 @@ std::vector<std::string> drain(RootScan& scan) {
 struct ScanWhileRewriting {
   std::unique_ptr<Model> model = parseModel(kAddsInTwoGraphs);
   Graph& graph = model->graph();
-  RootScan scan{model->allGraphs(), isAdd, nullptr};
+  RootScan scan{model->allGraphs(), isAdd};
   Report report;
   Rewriter rewriter{*model, report};
-  ScanWhileRewriting() { rewriter.setListener(&scan); }
-  ~ScanWhileRewriting() { rewriter.setListener(nullptr); }
+  ScanWhileRewriting() { rewriter.addListener(&scan); }
+  ~ScanWhileRewriting() { rewriter.removeListener(&scan); }
 };
 
 }  // namespace
@@ -71,12 +71,10 @@ TEST_CASE("loading numbers the nodes along the list, and numberNodes numbers tho
 
 TEST_CASE("the root scan yields each root in list order, a subgraph's after the main graph's", "[rewrite][root_scan]") {
   auto model = parseModel(kAddsInTwoGraphs);
-  RootScan scan(model->allGraphs(), isAdd, nullptr);
+  RootScan scan(model->allGraphs(), isAdd);
   CHECK_FALSE(scan.done());
   CHECK(drain(scan) == std::vector<std::string>{"first", "second", "ty"});
   CHECK(scan.done());
-  REQUIRE(scan.batchNorms().size() == 1);
-  CHECK(scan.batchNorms()[0] == producerOf(model->graph(), "unread"));
 }
 
 TEST_CASE("the root scan passes a node a rewrite erases at its place before it leaves the list",
@@ -89,8 +87,6 @@ TEST_CASE("the root scan passes a node a rewrite erases at its place before it l
   rewriter.eraseNode(batchNorm);
   REQUIRE(batchNorm->isErased());
   CHECK(drain(scan) == std::vector<std::string>{"second", "ty"});
-  REQUIRE(scan.batchNorms().size() == 1);
-  CHECK(scan.batchNorms()[0] == batchNorm);
 }
 
 TEST_CASE("the root scan leaves out the nodes rewrites make and knows which roots are still to come",

@@ -16,7 +16,7 @@
 #include <onnx/checker.h>
 #include <onnx/shape_inference/implementation.h>
 
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 #include "test_bn_fold_support.h"
 #include "test_support.h"
 
@@ -341,12 +341,14 @@ g (bool cond, float[1,2,3] x) => (float[1,2,3] y)
 TEST_CASE("bn-decompose: refusals", "[bn-decompose]") {
   const BnParams p = makeBnParams(3, 14.0);
   SECTION("the input's rank is not known") {
-    // Nothing declares or infers the Transpose output's shape, and the BN output is not declared either.
+    // Nothing declares the shape of the Tile's output and shape inference has no rule for Tile, so the Transpose's
+    // output shape is not known either, and the BN output is not declared.
     auto model = parseModel(R"(<ir_version: 8, opset_import: ["" : 15]>
 g (float[1,4,4,3] x) => (float[1,3,4,4] y)
-<)" + bnInitializers(p) + R"(>
+<)" + bnInitializers(p) + R"(, int64[4] reps = {1, 1, 1, 1}>
 {
-  t = Transpose <perm = [0,3,1,2]> (x)
+  tiled = Tile (x, reps)
+  t = Transpose <perm = [0,3,1,2]> (tiled)
   n = )" + bnText(p) + R"( (t, s, b, m, v)
   y = Relu (n)
 }

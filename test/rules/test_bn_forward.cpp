@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 #include "test_bn_fold_support.h"
 #include "test_support.h"
 

@@ -9,7 +9,7 @@
 
 #include <onnx/defs/schema.h>
 
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 #include "rewrite/op_versions.h"
 #include "test_bn_fold_support.h"
 #include "test_support.h"

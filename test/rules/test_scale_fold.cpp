@@ -4,7 +4,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 #include "test_bn_fold_support.h"
 #include "test_support.h"
 

@@ -1,10 +1,16 @@
 #include "test_support.h"
 
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -13,7 +19,7 @@
 #include <catch2/catch.hpp>
 #include <onnx/defs/parser.h>
 
-#include "bnfold/report/findings.h"
+#include "bnfold/check/findings.h"
 
 namespace bnfold::test {
 namespace fs = std::filesystem;
@@ -98,24 +104,111 @@ int runCommand(const std::string& command, std::string* out, std::string* err) {
 }
 
 namespace {
-std::string shellQuote(const std::string& text) {
-  std::string out = "'";
-  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
+
+/// One `node compare.js --serve` for the whole test process, started on the first comparison: loading Node and ONNX
+/// Runtime costs far more than comparing two small models. Requests and answers are JSON lines over a socket pair.
+/// A server that died (or was never reachable) is started again for the next request.
+class OrtServer {
+ public:
+  ~OrtServer() { stop(); }
+
+  /// The answer line to one request line, or nothing when the server could not be started or died meanwhile.
+  std::optional<std::string> ask(const std::string& request, std::string* failure) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (socket_ < 0 && !start(failure)) return std::nullopt;
+      if (auto answer = exchange(request)) return answer;
+      *failure = "compare.js --serve stopped (" + stop() + ")";
+    }
+    return std::nullopt;
+  }
+
+ private:
+  bool start(std::string* failure) {
+    int ends[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) {
+      *failure = std::string("socketpair: ") + std::strerror(errno);
+      return false;
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    // dup2 clears close-on-exec on the copies, so the server keeps only its end, as stdin and stdout.
+    posix_spawn_file_actions_adddup2(&actions, ends[1], STDIN_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, ends[1], STDOUT_FILENO);
+    const std::string script = sourceDir() + "/scripts/ort/compare.js";
+    char* argv[] = {const_cast<char*>("node"), const_cast<char*>(script.c_str()), const_cast<char*>("--serve"),
+                    nullptr};
+    const int spawned = posix_spawnp(&pid_, "node", &actions, nullptr, argv, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(ends[1]);
+    if (spawned != 0) {
+      close(ends[0]);
+      pid_ = -1;
+      *failure = std::string("cannot start node: ") + std::strerror(spawned);
+      return false;
+    }
+    socket_ = ends[0];
+    pending_.clear();
+    return true;
+  }
+
+  std::optional<std::string> exchange(const std::string& request) {
+    const std::string line = request + "\n";
+    for (std::size_t sent = 0; sent < line.size();) {
+      // MSG_NOSIGNAL: a server that died must not take the test process down with SIGPIPE.
+      const ssize_t n = send(socket_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return std::nullopt;
+      sent += static_cast<std::size_t>(n);
+    }
+    for (;;) {
+      const std::size_t end = pending_.find('\n');
+      if (end != std::string::npos) {
+        std::string answer = pending_.substr(0, end);
+        pending_.erase(0, end + 1);
+        return answer;
+      }
+      char buffer[65536];
+      const ssize_t n = recv(socket_, buffer, sizeof buffer, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return std::nullopt;
+      pending_.append(buffer, static_cast<std::size_t>(n));
+    }
+  }
+
+  /// Ends the server (end of input makes it exit) and says how it ended.
+  std::string stop() {
+    if (socket_ >= 0) close(socket_);
+    socket_ = -1;
+    if (pid_ <= 0) return "not running";
+    int status = 0;
+    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+    if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+    return "exit code " + std::to_string(WEXITSTATUS(status));
+  }
+
+  pid_t pid_ = -1;
+  int socket_ = -1;
+  std::string pending_;
+};
+
 }  // namespace
 
 OrtComparison compareInOrt(const std::string& modelA, const std::string& modelB, double atol, double rtol) {
+  static OrtServer server;
   OrtComparison result;
-  std::ostringstream command;
-  command << "node " << shellQuote(sourceDir() + "/scripts/ort/compare.js") << " " << shellQuote(modelA) << " "
-          << shellQuote(modelB) << " --json --atol " << atol << " --rtol " << rtol;
-  std::string out, err;
-  const int code = runCommand(command.str(), &out, &err);
+  const nlohmann::json request = {{"a", modelA}, {"b", modelB}, {"atol", atol}, {"rtol", rtol}};
+  std::string failure;
+  const std::optional<std::string> answer = server.ask(request.dump(), &failure);
+  if (!answer) {
+    result.error = failure;
+    return result;
+  }
   try {
-    result.details = nlohmann::json::parse(out);
+    result.details = nlohmann::json::parse(*answer);
   } catch (const std::exception&) {
-    result.error = "compare.js exited " + std::to_string(code) + ": " + err + out;
+    result.error = "compare.js --serve answered what is not JSON: " + *answer;
     return result;
   }
   if (result.details.contains("error") && !result.details["error"].is_null())
@@ -126,7 +219,7 @@ OrtComparison compareInOrt(const std::string& modelA, const std::string& modelB,
     if (output.contains("max_rel") && output["max_rel"].is_number())
       result.maxRel = std::max(result.maxRel, output["max_rel"].get<double>());
   }
-  result.ok = code == 0 && result.error.empty() && result.details.value("ok", false);
+  result.ok = result.error.empty() && result.details.value("ok", false);
   if (!result.ok && result.error.empty()) result.error = "outputs differ: " + result.details.dump();
   return result;
 }

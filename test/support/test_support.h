@@ -10,7 +10,7 @@
 
 #include "bnfold/io/model_io.h"
 #include "bnfold/report/report.h"
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 
 namespace bnfold::test {
 

@@ -1,8 +1,7 @@
 // --verify (issue 15): every rewrite's original and rewritten nodes evaluated on seeded random inputs and compared.
 // A verifier that passes everything is worthless, so each rule is run twice on the same model: as it is (the
-// rewrite must pass) and with a fault injected right after the rewrite through DriverOptions::injectFaultForTesting
-// (the rewrite must fail, with an error above the tolerance, a verify-failed finding naming it, and 1 failure in
-// the summary). Then the report's "verify" object field by field, the shapes it picks, the data types and their
+// rewrite must pass) and with a fault injected right after the rewrite (check/fold_testing.h): the rewrite must
+// fail, with an error above the tolerance, a verify-failed finding naming it, and 1 failure in the summary. Then the report's "verify" object field by field, the shapes it picks, the data types and their
 // tolerances, and the CLI.
 
 #include <catch2/catch.hpp>
@@ -19,9 +18,10 @@
 
 #include "../rules/test_bn_fold_support.h"
 #include "bnfold/io/model_io.h"
-#include "bnfold/report/findings.h"
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/findings.h"
+#include "bnfold/check/fold.h"
 #include "bnfold/rewrite/rewriter.h"
+#include "check/fold_testing.h"
 #include "test_support.h"
 
 using namespace bnfold;
@@ -212,9 +212,8 @@ Report run(Model& model, const std::vector<std::string>& rules, const RuleOption
   driver.ruleOptions = options;
   driver.verify = true;
   if (seed) driver.verifySeed = seed;
-  driver.injectFaultForTesting = std::move(hook);
   Report report;
-  runRules(model, driver, report);
+  runRulesInjectingFaults(model, driver, hook, report);
   model.graph().verify();
   return report;
 }

@@ -1,12 +1,15 @@
 #pragma once
 /// \file
 /// Loading and saving models. Loading checks the structure (every input defined, tensor sizes agree with
-/// their dims, external data stays inside the model's folder) and throws bnfold::Error naming the file.
+/// their dims, external data stays inside the model's folder) and throws bnfold::InvalidModelError naming the file.
 /// Saving is atomic: temp files in the destination folder, renamed into place when complete (see
 /// bnfold/io/atomic_file.h for links, devices and FIFOs).
 
+#include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <onnx/onnx_pb.h>
 
@@ -26,6 +29,11 @@ std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& opt
 std::unique_ptr<Model> modelFromProto(onnx::ModelProto&& proto, const std::string& sourceName = "<memory>",
                                       const std::string& baseDir = ".", const LoadOptions& options = {});
 
+/// Builds the IR from a serialized ModelProto held in memory (e.g. the bytes of a Python object), without taking
+/// it over: the bytes are parsed once into the model. Throws bnfold::Error naming `sourceName`.
+std::unique_ptr<Model> modelFromBytes(std::string_view bytes, const std::string& sourceName = "<memory>",
+                                      const std::string& baseDir = ".", const LoadOptions& options = {});
+
 struct SaveOptions {
   /// Tensors at least this large that were external in the input stay external; new tensors derived from
   /// external ones are written externally too. The data file is "<output file name>.data" beside the model.
@@ -36,6 +44,10 @@ struct SaveOptions {
 
 /// Writes the model to `path` atomically. The model itself is not changed.
 void saveModel(Model& model, const std::string& path, const SaveOptions& options = {});
+/// Serializes the model into memory: `allocate(size)` returns where to write its `size` bytes, so a caller can
+/// hand over its own buffer. External tensors stay references to the input's files. Throws bnfold::Error over
+/// protobuf's 2 GiB limit.
+void serializeModel(Model& model, const std::function<char*(std::size_t)>& allocate);
 /// The model as a ModelProto (external tensors stay references to the input's files).
 onnx::ModelProto modelToProto(Model& model);
 

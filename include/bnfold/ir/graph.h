@@ -112,8 +112,7 @@ struct SubgraphSlot {
 class Node {
  public:
   ~Node();
-  /// The op type, read from the model's one copy of it (Model::internOpType), not from the NodeProto: in a large
-  /// graph the NodeProto is out of the caches, and the rules ask most nodes their type.
+  /// The op type, read from the model's one copy of it (Model::internOpType), not from the NodeProto.
   const std::string& opType() const { return *opType_; }
   /// The domain as stored ("" or "ai.onnx" for standard ONNX ops).
   const std::string& domain() const { return proto_->domain(); }
@@ -192,6 +191,9 @@ class Node {
   friend class Value;
 };
 
+/// "Conv 'conv1'": how messages name a node.
+std::string describe(const Node& node);
+
 /// A graph input, output or value_info entry: the proto (type, doc string) plus the value it describes.
 struct ValueInfoEntry {
   Value* value;               ///< null when the entry names nothing in this graph (kept as it is)
@@ -226,8 +228,6 @@ class Graph {
 
   /// The value with that name defined in this graph (not its parents), or null.
   Value* findLocal(std::string_view name) const;
-  /// Asks the CPU for the name-table line holding `value`'s entry, for a rewrite about to rename it.
-  void prefetchNameEntry(const Value& value) const { valuesByName_.prefetchEntry(value); }
   /// The value visible under that name here: this graph, then enclosing graphs.
   Value* lookup(std::string_view name) const;
   /// How many values (retired ones included) the graph's name table takes before it grows. Loading leaves room

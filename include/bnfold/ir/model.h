@@ -71,11 +71,8 @@ class Model {
   std::string uniqueNodeName(const std::string& hint);
   /// A value (tensor) name not used anywhere in the model yet (and reserved from now on).
   std::string uniqueValueName(const std::string& hint);
-  /// Asks the CPU for the lines that uniqueValueName(hint), or a new main-graph value under that name, reads first:
-  /// for a rule that will ask for that name a few microseconds later (see ValueTable::prefetch).
-  void prefetchValueName(const std::string& hint) const;
-  /// Whether an initializer of some graph was stored in external data when the model was loaded. Known from the
-  /// load: asked after it, every initializer's proto would be read again (a cache miss each in a large model).
+  /// Whether an initializer of some graph was stored in external data when the model was loaded (known from the
+  /// load, so that answering does not read every initializer's proto).
   bool usesExternalData() const { return usesExternalData_; }
   /// Initializer names read from outside the graphs (training_info): they must never be removed.
   bool isPinned(const std::string& valueName) const { return pinnedNames_.count(valueName) != 0; }
@@ -83,6 +80,10 @@ class Model {
   /// The model's one copy of `opType`, which every node of that type points to. Nodes hold no std::string of their
   /// own: a string per node would make each node larger, and a few dozen types serve a whole model.
   const std::string& internOpType(const std::string& opType) { return *opTypes_.insert(opType).first; }
+
+  /// Goes up with every change the Rewriter makes to any graph of the model, so that a cache of what the graphs
+  /// compute can tell when it is stale.
+  uint64_t changeCount() const { return changeCount_; }
 
   /// Every ModelProto field except the graph (ir_version, opset_import, metadata, functions, ...).
   const onnx::ModelProto& shell() const { return shell_; }
@@ -98,11 +99,10 @@ class Model {
  private:
   friend class ModelReader;
   friend class ModelWriter;
-  friend class Rewriter;  // newValueWithUniqueName
+  friend class Rewriter;  // newValueWithUniqueName, changeCount_
 
   /// A new value of `graph` under a name as uniqueValueName(hint) gives. A main-graph value's name is kept by the
-  /// graph's table from then on (a retired value keeps its entry), so it is not recorded in valueNames_ as well: on a
-  /// 10,000-block chain recording the folds' 20,000 names made a tenth of the rules' last-level cache misses.
+  /// graph's table from then on (a retired value keeps its entry), so it is not recorded in valueNames_ as well.
   Value* newValueWithUniqueName(Graph& graph, const std::string& hint);
   /// A name from `hint` that neither the main graph's table nor valueNames_ holds; recorded in valueNames_ if `record`.
   std::string claimValueName(const std::string& hint, bool record);
@@ -125,6 +125,7 @@ class Model {
   bool nodeNamesReserved_ = false;
   bool valueNamesReserved_ = false;
   bool usesExternalData_ = false;
+  uint64_t changeCount_ = 0;
   std::unordered_set<std::string> pinnedNames_;
   std::vector<ReorderedGraph> reorderedGraphs_;
 };

@@ -26,11 +26,6 @@ class ValueTable {
   /// Gives `a`'s entry to `b` and `b`'s to `a`, for a caller that swaps their names next; false (and nothing
   /// changed) unless each is registered under its name.
   bool swapEntries(Value* a, Value* b);
-  /// Asks the CPU for the lines a lookup of `name` reads first (the table is too large for the caches of a large
-  /// model, and its lines are random by design).
-  void prefetch(std::string_view name) const;
-  /// Asks the CPU for the line holding `value`'s entry.
-  void prefetchEntry(const Value& value) const;
   /// Room for `count` values without growing.
   void reserve(std::size_t count);
   std::size_t size() const { return size_; }

@@ -1,61 +1,62 @@
 #pragma once
 /// \file
-/// The driver applies rules to a fixed point: rules are bucketed by root op type, the worklist is seeded with
-/// every node of every graph in order, and whatever a rewrite touched is looked at again. Deterministic:
-/// the same model and rules give the same result.
+/// The driver applies rules to a fixed point: rules are bucketed by root op type, every node of every graph is
+/// looked at in order, and whatever a rewrite touched is looked at again (it listens to the Rewriter for that).
+/// Deterministic: the same model and rules give the same result. It knows no op and no rule: what sits above it
+/// (--verify, the report's skipped nodes, test hooks) watches through a DriverObserver or a RewriteListener.
 
-#include <functional>
-#include <memory>
+#include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bnfold/report/report.h"
+#include "bnfold/rewrite/rewriter.h"
 #include "bnfold/rewrite/rule.h"
 
 namespace bnfold {
 
-class Rewriter;
+/// A rule that did not match a root, and why.
+struct RuleFailure {
+  const Rule* rule;
+  MatchFailure failure;
+};
 
-/// Every rule bnfold has, in priority order (an explicit list: static self-registration gets dropped by the
-/// linker from static libraries).
-const std::vector<std::unique_ptr<Rule>>& builtinRules();
-const Rule* findRule(const std::string& name);
+/// Where the report entries of one rewrite went: (section, index in it).
+using RecordedEntries = std::vector<std::pair<std::string, std::size_t>>;
 
-/// Parses a --rules value: "default", "all", "none", a comma list of names ("bn-fold,bias-add"), or changes
-/// to the defaults ("+bn-decompose", "-scale-fold", "default,-bias-add"). Throws std::invalid_argument naming
-/// an unknown rule.
-std::vector<std::string> parseRuleSelection(const std::string& selection);
+/// Told what the driver does. Every method does nothing unless overridden.
+class DriverObserver {
+ public:
+  virtual ~DriverObserver() = default;
+  /// `rule` matched `root`; its rewrite runs next (the rewriter's listeners then hear of each change).
+  virtual void rewriteStarting(const Rule& /*rule*/, const Node& /*root*/) {}
+  /// The rewrite is done; `recorded` lists its report entries. The observer may change the graph through
+  /// `rewriter`, and the driver looks again at what it changes.
+  virtual void rewriteFinished(const Rule& /*rule*/, Rewriter& /*rewriter*/, const RecordedEntries& /*recorded*/) {}
+  /// The driver is done with `root` for now: one rule rewrote it (`rewritten`), or none did and `failures` says why,
+  /// one per rule tried, in priority order (none when the user keeps the node: `kept`). `fromScan`: the root came
+  /// from the scan in graph order, which yields each node the graphs had at the start once (unless it was erased
+  /// first), before any other visit of it; otherwise a rewrite touched it or made it.
+  virtual void rootVisited(const Node& /*root*/, bool /*fromScan*/, bool /*kept*/, bool /*rewritten*/,
+                           const std::vector<RuleFailure>& /*failures*/) {}
+};
 
-struct DriverOptions {
-  std::vector<std::string> rules;  ///< names of the enabled rules
+struct RewriteDriverOptions {
   RuleOptions ruleOptions;
   /// Safety net against rules that undo each other; a fixed point is reached long before.
   std::size_t maxRewrites = 1000000;
-  /// Evaluate every rewrite's original and rewritten nodes on seeded random inputs and add a "verify" object to
-  /// its report entry (README, "Verification"). Report::failedVerifications() lists the ones that failed.
-  bool verify = false;
-  /// Seed of the random inputs (each rewrite adds its number to it).
-  uint64_t verifySeed = 20261125;
-  /// Tests only: called after each rewrite, before it is verified, with the nodes it changed or created, so a test
-  /// can break the rewrite through the rewriter and see --verify catch it.
-  std::function<void(Rewriter&, const std::vector<Node*>&)> injectFaultForTesting;
+  /// Look again at what each rewrite touched (to a fixed point). Off: each root is visited once, in graph order.
+  bool revisitTouched = true;
+  /// Told of every match and rewrite, in the order given; each must outlive the run.
+  std::vector<DriverObserver*> observers;
+  /// Added to the rewriter for the run, after the driver's own; each must outlive the run.
+  std::vector<RewriteListener*> listeners;
 };
 
-/// What --input-defaults-are-constant would change after a run. Older PyTorch exports list every initializer as a
-/// graph input (IR >= 4), which makes them overridable defaults that no rule folds; `skipped` entries of BNs that
-/// would fold if they were constants carry `would_fold_with`.
-struct InputDefaultsHint {
-  std::size_t wouldFold = 0;             ///< BatchNormalization nodes marked would_fold_with
-  std::size_t initializers = 0;          ///< initializers in every graph of the model (counted when wouldFold > 0)
-  std::size_t initializersAsInputs = 0;  ///< those also listed as graph inputs (likewise)
-  /// One line for users: "3 BatchNormalization would fold with --input-defaults-are-constant: every initializer of
-  /// this model is also a graph input"; empty when nothing would fold.
-  std::string message() const;
-};
-InputDefaultsHint inputDefaultsHint(Model& model, const Report& report);
-
-/// Runs the enabled rules on every graph of the model and records what happened in `report`, including a
-/// `skipped` entry for each BatchNormalization node left in place.
-void runRules(Model& model, const DriverOptions& options, Report& report);
+/// Runs `rules` (in priority order: at a root, the first that matches rewrites it) on every graph of the model to a
+/// fixed point; the rewrites record what they did in `report`.
+void driveRules(Model& model, const std::vector<const Rule*>& rules, const RewriteDriverOptions& options,
+                Report& report);
 
 }  // namespace bnfold

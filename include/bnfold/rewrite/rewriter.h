@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// The Rewriter is the only way to change a graph once it is loaded. Every change goes through it so it can
-/// keep use lists right, drop constants a rewrite left without readers, tell the driver what to look at
-/// again, and record provenance for the report.
+/// keep use lists right, drop constants a rewrite left without readers, tell its listeners (the driver's
+/// worklist, --verify, ...) what changed, and record provenance for the report.
 
 #include <deque>
 #include <memory>
@@ -17,16 +17,24 @@
 namespace bnfold {
 
 class Rule;
+class MatchResult;
 
-/// Told about each change a rewrite makes, before the graph changes (for --verify, which keeps the original
-/// form of everything a rewrite touches). A node is reported every time; listeners keep the first report.
+/// Told about each change the rewriter makes (MLIR's RewriterBase::Listener). The driver is one listener (its
+/// worklist); --verify and the driver's root scan are others. Every method does nothing unless overridden.
 class RewriteListener {
  public:
   virtual ~RewriteListener() = default;
-  /// `node` is about to change: its inputs, attributes or outputs, or it is about to be erased.
-  virtual void nodeWillChange(const Node& node) = 0;
-  /// `node` was just created.
-  virtual void nodeCreated(const Node& node) = 0;
+  /// `node` was just inserted into its graph.
+  virtual void nodeCreated(const Node& /*node*/) {}
+  /// `node` is about to change: its inputs, attributes or outputs, or it is about to be erased. Reported every
+  /// time; a listener that wants the original keeps the first report.
+  virtual void nodeWillChange(const Node& /*node*/) {}
+  /// `node` changed: an input, an attribute or an output (it stays in its graph).
+  virtual void nodeChanged(const Node& /*node*/) {}
+  /// `node` was just erased: it is marked erased and out of its graph's list, its inputs not yet detached.
+  virtual void nodeErased(const Node& /*node*/) {}
+  /// The readers of `from` are about to read `to`, which takes over `from`'s name.
+  virtual void valueReplaced(const Value& /*from*/, const Value& /*to*/) {}
 };
 
 class Rewriter {
@@ -39,8 +47,14 @@ class Rewriter {
   Model& model() { return model_; }
   /// The rule whose rewrite runs now; its name goes into every report entry it records.
   void beginRule(const Rule* rule) { rule_ = rule; }
-  /// Where changes are announced (null: nowhere). The listener must outlive its use.
-  void setListener(RewriteListener* listener) { listener_ = listener; }
+  /// Adds a listener, told of every change from now on in the order added; it must outlive its membership.
+  void addListener(RewriteListener* listener);
+  void removeListener(RewriteListener* listener);
+
+  /// Applies a successful match of `rule`: the constants the match evaluated become initializers
+  /// (materializeConstant), then the rule's rewrite runs; report entries are tagged with the rule's name until the
+  /// next beginRule.
+  void apply(const Rule& rule, MatchResult& result);
 
   /// Adds an initializer to `graph` under a fresh unique name derived from `nameHint`. In IR version 3 it goes to
   /// the main graph instead (and is listed among its inputs by finish()), which `graph` can read.
@@ -59,7 +73,7 @@ class Rewriter {
 
   /// Tells the listeners that `node`, which the rewrite leaves unchanged, belongs with the nodes it changes: their
   /// change is exact only through it (an activation between two rescaled layers), so --verify evaluates it with them.
-  void includeUnchanged(const Node* node) { willChange(node); }
+  void includeUnchanged(const Node* node) { notifyWillChange(node); }
 
   /// Every reader of `from` (including graph outputs, which keep `from`'s name by renaming) now reads `to`.
   /// `from`'s producer is then erased when none of its outputs is read any more.
@@ -83,17 +97,14 @@ class Rewriter {
   /// Where the entries recorded since the last call went: (section, index in it).
   std::vector<std::pair<std::string, std::size_t>> takeRecorded();
 
-  /// Nodes created or changed since the last call (for the driver's worklist).
-  std::vector<Node*> takeTouched();
-
   /// Compacts graphs after rewrites (drops removed initializers and values). Called by the driver.
   void finish();
 
  private:
-  void touch(Node* node);
-  void willChange(const Node* node) {
-    if (listener_ && node) listener_->nodeWillChange(*node);
-  }
+  void notifyCreated(const Node& node);
+  void notifyWillChange(const Node* node);
+  void notifyChanged(const Node* node);
+  void notifyErased(const Node& node);
   void removeUse(Value* value, Node* node, int slot);
   void dropIfDeadConstant(Value* value);
   void retireValue(Value* value);
@@ -104,14 +115,13 @@ class Rewriter {
   Model& model_;
   Report& report_;
   const Rule* rule_ = nullptr;
-  RewriteListener* listener_ = nullptr;
+  std::vector<RewriteListener*> listeners_;
   std::vector<std::pair<std::string, std::size_t>> recorded_;
-  std::vector<Node*> touched_;
   std::vector<NodePtr> erasedNodes_;
   std::vector<Graph*> dirtyGraphs_;
   // Initializers retired since the last finish(), which takes them out of their graphs' lists without reading every
-  // initializer's Value (on a 10,000-block chain those reads were a tenth of the rules' misses of the caches).
-  std::deque<const Value*> retiredInitializers_;  // not a vector: growing, it copied what had left the caches
+  // initializer's Value.
+  std::deque<const Value*> retiredInitializers_;
   std::vector<std::string>* erasedLog_ = nullptr;  // names of erased nodes, while materializeConstant runs
 };
 

@@ -19,13 +19,27 @@ class ConstantEvaluator;
 
 /// Why a rule did not apply: a code from the closed list (bnfold/report/reason_codes.h) and a sentence.
 struct MatchFailure {
+  MatchFailure() = default;
+  MatchFailure(ReasonCode code_, std::string message_, bool quiet_ = false)
+      : code(code_), message(std::move(message_)), quiet(quiet_) {}
   ReasonCode code;
   std::string message;
+  /// Not worth a report entry even for a rule with a failureSection (e.g. a node that is not where the rule starts).
+  bool quiet = false;
 };
 
 /// What a rule found; each rule derives its own.
 struct Match {
   virtual ~Match() = default;
+};
+
+/// A value a match found constant by evaluating the chain of pure ops behind it (RuleContext::constantOf): its
+/// tensor and the nodes that computed it, in evaluation order. It belongs to the match that asked: applying the
+/// match turns it into an initializer first (Rewriter::apply).
+struct EvaluatedConstant {
+  const Value* value = nullptr;
+  std::unique_ptr<Tensor> tensor;
+  std::vector<const Node*> nodes;
 };
 
 class MatchResult {
@@ -38,8 +52,8 @@ class MatchResult {
   /// A failure not worth a report entry even for a rule with a failureSection (e.g. a node that is not where the
   /// rule starts).
   static MatchResult quietFailure(ReasonCode code, std::string message) {
-    MatchResult result = failure(code, std::move(message));
-    result.quiet_ = true;
+    MatchResult result;
+    result.failure_ = {code, std::move(message), true};
     return result;
   }
   template <typename M>
@@ -50,13 +64,16 @@ class MatchResult {
   }
   bool matched() const { return match_ != nullptr; }
   const MatchFailure& failure() const { return failure_; }
-  bool quiet() const { return quiet_; }
+  bool quiet() const { return failure_.quiet; }
   Match& match() { return *match_; }
+  /// The constants the match evaluated from chains (set by RuleContext::match on success).
+  std::vector<EvaluatedConstant>& evaluatedConstants() { return evaluatedConstants_; }
 
  private:
+  friend class RuleContext;
   std::unique_ptr<Match> match_;
   MatchFailure failure_;
-  bool quiet_ = false;
+  std::vector<EvaluatedConstant> evaluatedConstants_;
 };
 
 /// Versions of one ONNX op (the since_version of each of its schemas), ascending.
@@ -79,6 +96,8 @@ struct RuleOptions {
   int64_t maxConstantBytes = int64_t{64} << 20;
 };
 
+class Rule;
+
 /// What a rule sees besides the node: the model and the user's options.
 class RuleContext {
  public:
@@ -96,11 +115,12 @@ class RuleContext {
   /// The constant tensor behind `value` when it is a compile-time constant under the user's options, else
   /// null with `whyNot` (when given) set to a failure saying why (e.g. a graph input fed at run time). A value
   /// computed from constants by a chain of pure ops (Identity, Cast, Reshape, Add(var, eps), ...) counts: it is
-  /// evaluated, and the driver has the rewriter turn it into an initializer when the match that asked succeeds.
+  /// evaluated, and when the match that asked goes through match() below and succeeds, its result carries the
+  /// tensor (MatchResult::evaluatedConstants). What was evaluated is forgotten once the model changes.
   const Tensor* constantOf(const Value* value, MatchFailure* whyNot = nullptr) const;
 
-  /// The evaluator behind constantOf, for the driver (lib/rewrite/constant_eval.h).
-  ConstantEvaluator& constantEvaluator() const { return *evaluator_; }
+  /// Runs `rule`'s match at `root`; a successful result carries the constants the match evaluated.
+  MatchResult match(const Rule& rule, const Node& root) const;
 
  private:
   const Model& model_;
@@ -127,9 +147,10 @@ class Rule {
   /// inference mode (train-bn-freeze changes the function on purpose), not the original itself.
   virtual bool verifiesAgainstFrozenBatchNorm() const { return false; }
   /// Runs only once the other rules reached their fixed point, visiting each of its roots once in graph order
-  /// (a rule that computes a fixed point of its own, like equalize over a whole chain).
+  /// (a rule that computes a fixed point of its own, like equalize over a whole chain). The driver knows nothing of
+  /// this: lib/check/fold.cpp runs such rules in a second driveRules with RewriteDriverOptions::revisitTouched off.
   virtual bool runsAfterFixedPoint() const { return false; }
-  /// The report section where the driver records this rule's match failures (those not quiet), one entry per
+  /// The report section where lib/check/fold.cpp records this rule's match failures (those not quiet), one entry per
   /// node: {rule, node, op, reason, message}. Null: failures are not reported (BatchNormalization's go to `skipped`).
   virtual const char* failureSection() const { return nullptr; }
 

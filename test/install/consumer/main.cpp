@@ -2,8 +2,8 @@
 // rewrites and the findings `bnfold check` would report, so the install test can check that the installed library
 // really ran.
 #include <bnfold/io/model_io.h>
-#include <bnfold/report/findings.h>
-#include <bnfold/rewrite/driver.h>
+#include <bnfold/check/findings.h>
+#include <bnfold/check/fold.h>
 
 #include <iostream>
 

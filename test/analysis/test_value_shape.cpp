@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "rules/value_shape.h"
+#include "analysis/value_shape.h"
 #include "test_support.h"
 
 using namespace bnfold;
@@ -29,7 +29,7 @@ std::string residualChain(int blocks) {
 
 // "[1,2,4,4]" (-1 for an unknown dim), or "unknown" when not even the rank is known.
 std::string shapeText(const Value* value) {
-  const auto shape = rules::knownShape(*value);
+  const auto shape = analysis::knownShape(*value);
   if (!shape) return "unknown";
   std::string text;
   for (int64_t dim : *shape) text += (text.empty() ? "" : ",") + std::to_string(dim);

@@ -4,15 +4,24 @@
 #include <string>
 #include <unordered_map>
 
+#include "bnfold/ir/model.h"
 #include "bnfold/ir/tensor.h"
+#include "op_forms.h"
 
-namespace bnfold::rules {
+namespace bnfold::analysis {
 namespace {
 
 using Shape = std::vector<int64_t>;
 
 // Following producers is bounded so a long chain costs little; the answer is then just "unknown".
 constexpr int kMaxDepth = 32;
+
+/// What a query knows of a value's shape: the shape (nullopt when unknown), or that its sources contradict each
+/// other, which makes it unknown and every shape inferred from it too.
+struct Fact {
+  std::optional<Shape> shape;
+  bool contradicted = false;
+};
 
 // Where a query stands: how many producers deep, and the shapes it has worked out so far, by value and depth (the
 // answer depends on both, as the depth bound cuts inference short). Each is worked out once per query: a residual chain
@@ -21,12 +30,13 @@ constexpr int kMaxDepth = 32;
 struct KnownShape {
   const Value* value;
   int depth;
-  std::optional<Shape> shape;
+  Fact fact;
 };
 struct Step {
   int depth;
   std::vector<KnownShape>* shapes;  // null for element-type queries; few, so searched in order
-  Step next() const { return {depth + 1, shapes}; }
+  bool* inputContradicted;          // set when an input of the producer being inferred is contradicted
+  Step next() const { return {depth + 1, shapes, inputContradicted}; }
 };
 
 std::optional<Shape> declaredShape(const Value& value) {
@@ -54,7 +64,14 @@ Shape broadcastShapes(const Shape& a, const Shape& b) {
   return out;
 }
 
-std::optional<Shape> shapeOf(const Value* value, Step step);
+Fact factOf(const Value* value, Step step);
+
+/// The shape of `value` for inferring the shape of the node that reads it (`step` is the reader's).
+std::optional<Shape> shapeOf(const Value* value, Step step) {
+  Fact fact = factOf(value, step);
+  if (fact.contradicted && step.inputContradicted) *step.inputContradicted = true;
+  return fact.shape;
+}
 
 /// Spatial output dims of a Conv or pooling window over `input` (dims 2.. of an N,C,... tensor), per the ONNX
 /// formulas: explicit pads with floor (or ceil_mode) rounding, auto_pad SAME_* (ceil(in / stride)) and VALID. A dim
@@ -148,7 +165,50 @@ std::optional<Shape> poolShape(const Node& node, Step step) {
   return out;
 }
 
-std::optional<Shape> flattenShape(const Node&, Step) { return Shape{kUnknownDim, kUnknownDim}; }
+/// The integers of a layout op's operand: input `slot` from `inputOpset` of the model's ai.onnx opset, an attribute
+/// before it. Nullopt when the input is not a constant (an initializer a caller may override is none).
+std::optional<std::vector<int64_t>> intsOperand(const Node& node, std::size_t slot, const char* attribute,
+                                                int64_t inputOpset) {
+  const Graph* graph = node.graph();
+  const int64_t opset = graph && graph->model() ? graph->model()->opsetVersion() : -1;
+  if (opset < inputOpset) return node.attributeInts(attribute);
+  const Value* input = node.input(slot);
+  if (!input) return std::vector<int64_t>{};
+  const Tensor* tensor = input->isGraphInput() ? nullptr : input->constantTensor();
+  if (!tensor || (tensor->dataType() != DataType::Int64 && tensor->dataType() != DataType::Int32)) return std::nullopt;
+  return tensor->toInt64s();
+}
+
+std::optional<Shape> shapeIfFormed(const OutputShape& out) {
+  return out.ok() ? std::optional<Shape>(out.dims) : std::nullopt;
+}
+
+std::optional<Shape> reshapeOutput(const Node& node, Step step) {
+  auto target = intsOperand(node, 1, "shape", kReshapeShapeInputOpset);
+  if (!target) return std::nullopt;
+  // The output's rank is the target's: with the input unknown, a 0 or -1 leaves its dim unknown, the others are known.
+  auto input = shapeOf(node.input(0), step.next()).value_or(Shape(target->size(), kUnknownDim));
+  return shapeIfFormed(reshapeShape(input, *target, node.attributeInt("allowzero", 0) != 0));
+}
+
+std::optional<Shape> transposeOutput(const Node& node, Step step) {
+  auto input = shapeOf(node.input(0), step.next());
+  if (!input) return std::nullopt;
+  return shapeIfFormed(transposeShape(*input, node.attributeInts("perm")));
+}
+
+std::optional<Shape> squeezeOutput(const Node& node, Step step) {
+  auto input = shapeOf(node.input(0), step.next());
+  auto axes = intsOperand(node, 1, "axes", kSqueezeAxesInputOpset);
+  if (!input || !axes) return std::nullopt;
+  return shapeIfFormed(node.opType() == "Squeeze" ? squeezeShape(*input, *axes) : unsqueezeShape(*input, *axes));
+}
+
+std::optional<Shape> flattenOutput(const Node& node, Step step) {
+  auto input = shapeOf(node.input(0), step.next());
+  if (!input) return Shape{kUnknownDim, kUnknownDim};
+  return shapeIfFormed(flattenShape(*input, node.attributeInt("axis", 1)));
+}
 
 /// Add, Sub, Mul, Div: numpy broadcast of both sides.
 std::optional<Shape> broadcastShape(const Node& node, Step step) {
@@ -176,7 +236,11 @@ const std::unordered_map<std::string, OpShapeRule>& shapeRules() {
         {"ConvTranspose", {convShape, layerType}},
         {"Gemm", {gemmShape, layerType}},
         {"MatMul", {matMulShape, layerType}},
-        {"Flatten", {flattenShape, sameTypeAsInput}},
+        {"Flatten", {flattenOutput, sameTypeAsInput}},
+        {"Reshape", {reshapeOutput, sameTypeAsInput}},
+        {"Transpose", {transposeOutput, sameTypeAsInput}},
+        {"Squeeze", {squeezeOutput, sameTypeAsInput}},
+        {"Unsqueeze", {squeezeOutput, sameTypeAsInput}},
     };
     // Output 0 has exactly the shape and element type of input 0.
     for (const char* op : {"Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Clip", "Elu",
@@ -201,34 +265,41 @@ const OpShapeRule* producerRule(const Value& value, Step step) {
   return rule == shapeRules().end() ? nullptr : &rule->second;
 }
 
-std::optional<Shape> inferredShape(const Value& value, Step step) {
+/// The shape the producer's rule gives `value`; `inputContradicted` tells whether an input's shape was contradicted.
+std::optional<Shape> inferredShape(const Value& value, Step step, bool* inputContradicted) {
   const OpShapeRule* rule = producerRule(value, step);
-  return rule ? rule->shape(*value.producer(), step) : std::nullopt;
+  if (!rule) return std::nullopt;
+  step.inputContradicted = inputContradicted;
+  return rule->shape(*value.producer(), step);
 }
 
-std::optional<Shape> workOutShape(const Value* value, Step step) {
-  if (const Tensor* tensor = value->constantTensor()) return tensor->dims();
+Fact workOutFact(const Value* value, Step step) {
+  if (const Tensor* tensor = value->constantTensor()) return {tensor->dims()};
   auto declared = declaredShape(*value);
-  if (declared && std::none_of(declared->begin(), declared->end(), [](int64_t d) { return d == kUnknownDim; }))
-    return declared;
-  auto inferred = inferredShape(*value, step);
-  if (!declared) return inferred;
-  // Fill the declared shape's unknown dims from inference when both agree on the rank.
-  if (inferred && inferred->size() == declared->size())
-    for (std::size_t i = 0; i < declared->size(); ++i)
-      if ((*declared)[i] == kUnknownDim) (*declared)[i] = (*inferred)[i];
-  return declared;
+  bool inputContradicted = false;
+  auto inferred = inferredShape(*value, step, &inputContradicted);
+  if (inputContradicted) return {std::nullopt, true};
+  if (!inferred) return {declared};
+  if (!declared) return {inferred};
+  if (inferred->size() != declared->size()) return {std::nullopt, true};
+  // Inference wins; the declared shape fills the dims it leaves unknown.
+  for (std::size_t i = 0; i < inferred->size(); ++i) {
+    const int64_t said = (*declared)[i];
+    if ((*inferred)[i] == kUnknownDim) (*inferred)[i] = said;
+    else if (said != kUnknownDim && said != (*inferred)[i]) return {std::nullopt, true};
+  }
+  return {inferred};
 }
 
-std::optional<Shape> shapeOf(const Value* value, Step step) {
-  if (!value) return std::nullopt;
+Fact factOf(const Value* value, Step step) {
+  if (!value) return {};
   // Paths meet again only at a value read more than once: only those are worth remembering.
-  if (value->uses().size() < 2) return workOutShape(value, step);
+  if (value->uses().size() < 2) return workOutFact(value, step);
   for (const KnownShape& known : *step.shapes)
-    if (known.value == value && known.depth == step.depth) return known.shape;
-  std::optional<Shape> shape = workOutShape(value, step);
-  step.shapes->push_back({value, step.depth, shape});
-  return shape;
+    if (known.value == value && known.depth == step.depth) return known.fact;
+  Fact fact = workOutFact(value, step);
+  step.shapes->push_back({value, step.depth, fact});
+  return fact;
 }
 
 std::optional<DataType> typeOf(const Value* value, Step step) {
@@ -245,9 +316,9 @@ std::optional<DataType> typeOf(const Value* value, Step step) {
 
 std::optional<std::vector<int64_t>> knownShape(const Value& value) {
   std::vector<KnownShape> shapes;
-  return shapeOf(&value, Step{0, &shapes});
+  return factOf(&value, Step{0, &shapes, nullptr}).shape;
 }
 
-std::optional<DataType> knownElementType(const Value& value) { return typeOf(&value, Step{0, nullptr}); }
+std::optional<DataType> knownElementType(const Value& value) { return typeOf(&value, Step{0, nullptr, nullptr}); }
 
-}  // namespace bnfold::rules
+}  // namespace bnfold::analysis

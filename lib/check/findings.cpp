@@ -1,7 +1,7 @@
 // The report's sections become categories, so findings do not need to know the rules by name, and a new rule's
 // rewrites are findings as soon as the rule records them.
 
-#include "bnfold/report/findings.h"
+#include "bnfold/check/findings.h"
 
 #include <algorithm>
 #include <iterator>
@@ -13,7 +13,7 @@
 #include "bnfold/ir/model.h"
 #include "bnfold/report/reason_codes.h"
 #include "bnfold/report/report.h"
-#include "bnfold/rewrite/driver.h"
+#include "bnfold/check/fold.h"
 #include "rules/batch_norm.h"
 
 namespace bnfold {

@@ -1,0 +1,30 @@
+#pragma once
+// What is statically known about a value's shape and element type, for rules that must know how a constant
+// broadcasts against it (bias-add, scale-fold, bn-decompose; bn-fold uses it too) and for the verifier's inputs.
+// Sources: a constant's own dims, the value's declared type (graph input, graph output or value_info), and a small
+// forward inference through the ops these rules meet: Conv / ConvTranspose / Gemm / MatMul (rank and channel count
+// from the weight), shape-preserving element-wise ops (Relu, BatchNormalization, ...), pooling (batch and channels
+// pass through), Add/Sub/Mul/Div (numpy broadcast of both sides) and the layout ops (shape_ops.h).
+//
+// Shapes propagated from the graph's inputs and constants win over those declared for a value inside the graph or
+// for a graph output: a declared shape fills only dims inference leaves unknown. Where the two contradict each other
+// (another rank, or another value for a dim both know), neither is a fact: the shape is unknown, and so is every
+// shape inferred from it, whatever is declared further on. Nothing else is guessed: an unknown shape stays unknown
+// and the rule declines with a reason.
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "bnfold/ir/graph.h"
+#include "shape_ops.h"
+
+namespace bnfold::analysis {
+
+/// The value's dims as far as known (kUnknownDim for unknown ones), or nullopt when even the rank is unknown.
+std::optional<std::vector<int64_t>> knownShape(const Value& value);
+
+/// The value's element type when it is known, else nullopt.
+std::optional<DataType> knownElementType(const Value& value);
+
+}  // namespace bnfold::analysis

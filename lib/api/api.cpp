@@ -1,0 +1,188 @@
+#include "bnfold/api/api.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <stdexcept>
+
+#include "bnfold/error.h"
+#include "bnfold/io/atomic_file.h"
+#include "bnfold/io/model_io.h"
+
+namespace bnfold {
+namespace fs = std::filesystem;
+
+DriverOptions driverOptionsFrom(const RuleSettings& settings) {
+  DriverOptions options;
+  try {
+    options.rules = parseRuleSelection(settings.equalize ? settings.rules + ",+equalize" : settings.rules);
+  } catch (const std::invalid_argument& e) {
+    throw Error("", std::string("--rules: ") + e.what());
+  }
+  if (!(settings.maxConstantMiB >= 0)) throw Error("", "--max-constant-size: must be a number of MiB, 0 or more");
+  options.ruleOptions.keepNodes = settings.keepNodes;
+  options.ruleOptions.keepOps = settings.keepOps;
+  options.ruleOptions.inputDefaultsAreConstant = settings.inputDefaultsAreConstant;
+  options.ruleOptions.freezeTrainingBatchNorm = settings.freezeTrainingBatchNorm;
+  options.ruleOptions.maxConstantBytes = static_cast<int64_t>(settings.maxConstantMiB * 1024 * 1024);
+  options.verify = settings.verify;
+  return options;
+}
+
+FoldRun foldModel(Model& model, const DriverOptions& options, Report& report) {
+  report.setReorderedGraphs(model.reorderedGraphs());
+  runRules(model, options, report);
+  FoldRun run;
+  run.failedVerifications = failedVerifications(report);
+  run.inputDefaultsHint = inputDefaultsHint(model, report).message();
+  return run;
+}
+
+std::string verificationFailureText(const FoldRun& run, const Report& report) {
+  return std::to_string(run.failedVerifications.size()) + " of " + std::to_string(report.rewriteCount()) +
+         " rewrites failed verification; no model written";
+}
+
+namespace {
+
+bool sameFile(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return fs::exists(a, ec) && fs::exists(b, ec) && fs::equivalent(a, b, ec);
+}
+
+void createFolderOf(const std::string& path) {
+  const fs::path folder = fs::path(path).parent_path();
+  if (!folder.empty()) fs::create_directories(folder);
+}
+
+/// Ends the current phase and adds its time to `seconds`.
+class PhaseClock {
+ public:
+  void lap(double& seconds) {
+    const auto now = std::chrono::steady_clock::now();
+    seconds += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace
+
+FoldFileResult foldFile(const FoldFileRequest& request, const DriverOptions& options) {
+  const std::string& input = request.input;
+  const bool writesModel = !request.dryRun && !request.output.empty();
+  if (request.inPlace) {
+    if (writesModel) {
+      std::error_code ec;
+      const fs::file_status status = fs::status(input, ec);  // through links: their target is what is replaced
+      if (fs::exists(status) && !fs::is_regular_file(status) && !fs::is_directory(status))
+        throw Error(input, "--in-place replaces regular files only, and this is a device, FIFO or socket");
+    }
+  } else if (writesModel && sameFile(input, request.output)) {
+    throw Error(request.output, "the output would overwrite the input model; choose another -o path (or --in-place)");
+  }
+  // Bad destinations (a folder, a socket, a dangling link) fail before any work.
+  if (writesModel && !request.createFolders) destinationOf(request.output);
+  if (!request.reportPath.empty() && !request.createFolders) destinationOf(request.reportPath);
+
+  FoldFileResult result;
+  PhaseClock clock;
+  result.model = loadModel(input);
+  clock.lap(result.times.load);
+  result.report.setInput(input);
+  if (!request.output.empty()) result.report.setOutput(request.output);
+  result.run = foldModel(*result.model, options, result.report);
+  clock.lap(result.times.rules);
+  if (!result.run.failedVerifications.empty()) {
+    // A rewrite that does not compute what the original did is not written; the report shows all of them.
+    if (!request.reportPath.empty()) {
+      if (request.createFolders) createFolderOf(request.reportPath);
+      result.report.write(request.reportPath);
+    }
+    return result;
+  }
+  if (request.dryRun) return result;
+  // A model sorted on load is written back sorted, even when no rule changed it.
+  result.unchanged =
+      request.inPlace && result.report.rewriteCount() == 0 && result.model->reorderedGraphs().empty();
+  if (!request.output.empty() && !result.unchanged) {
+    if (request.inPlace && !request.backupSuffix.empty()) {
+      copyFileAtomically(input, input + request.backupSuffix);
+      // saveModel replaces "<model>.data" when the model keeps tensors outside: back that up too.
+      const std::string dataFile = input + ".data";
+      std::error_code ec;
+      if (fs::is_regular_file(dataFile, ec)) copyFileAtomically(dataFile, dataFile + request.backupSuffix);
+    }
+    if (request.createFolders) createFolderOf(request.output);
+    saveModel(*result.model, request.output);
+    result.written = true;
+  }
+  clock.lap(result.times.save);
+  if (!request.reportPath.empty()) {
+    try {
+      if (request.createFolders) createFolderOf(request.reportPath);
+      result.report.write(request.reportPath);
+    } catch (...) {
+      // A run is complete with its report or not at all (in place, the new model stays: the original is gone
+      // already, and only the backup, if any, still has it).
+      if (result.written && !request.inPlace) removeWrittenFile(request.output);
+      throw;
+    }
+  }
+  return result;
+}
+
+namespace {
+
+std::string producerLabel(const Value* value) {
+  if (!value) return "(omitted)";
+  if (value->producer()) return value->producer()->opType();
+  if (value->initializer()) return "(initializer)";
+  if (value->isGraphInput()) return "(graph input)";
+  return "(outer scope)";
+}
+
+}  // namespace
+
+nlohmann::json describeModel(Model& model) {
+  std::map<std::string, int64_t> ops;
+  std::map<std::string, int64_t> bnProducers;
+  int64_t nodes = 0, batchNorms = 0, initializers = 0, initializerBytes = 0;
+  for (Graph* graph : model.allGraphs()) {
+    for (const auto& node : graph->nodes()) {
+      ++nodes;
+      const std::string key = node->isOnnxDomain() ? node->opType() : node->domain() + "::" + node->opType();
+      ++ops[key];
+      if (node->isOnnxOp("BatchNormalization")) {
+        ++batchNorms;
+        ++bnProducers[producerLabel(node->input(0))];
+      }
+    }
+    for (const Value* init : graph->initializers()) {
+      ++initializers;
+      initializerBytes += init->initializer()->byteSize();
+    }
+  }
+  nlohmann::json opsets = nlohmann::json::object();
+  for (const auto& opset : model.shell().opset_import())
+    opsets[opset.domain().empty() ? "ai.onnx" : opset.domain()] = opset.version();
+  std::vector<std::pair<std::string, int64_t>> histogram(ops.begin(), ops.end());
+  std::stable_sort(histogram.begin(), histogram.end(), [](auto& a, auto& b) { return a.second > b.second; });
+  nlohmann::json opList = nlohmann::json::array();
+  for (auto& [op, count] : histogram) opList.push_back({{"op", op}, {"count", count}});
+  return {{"file", model.path()},
+          {"ir_version", model.irVersion()},
+          {"producer", model.shell().producer_name() + " " + model.shell().producer_version()},
+          {"opsets", opsets},
+          {"graphs", model.allGraphs().size()},
+          {"nodes", nodes},
+          {"initializers", initializers},
+          {"initializer_bytes", initializerBytes},
+          {"ops", opList},
+          {"batch_normalization", {{"count", batchNorms}, {"input_producers", bnProducers}}}};
+}
+
+}  // namespace bnfold

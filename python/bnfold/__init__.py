@@ -1,0 +1,261 @@
+"""bnfold: fold BatchNormalization into the layers around it, absorb bias Adds and expand training-mode
+BatchNormalization in ONNX models, from Python.
+
+The functions take a model as an ``onnx.ModelProto``, as ``bytes`` (a serialized ModelProto) or as a path
+(``str`` or ``os.PathLike``) and do what the ``bnfold`` commands of the same names do (README.md)::
+
+    import bnfold, onnx
+    folded, report = bnfold.fold(onnx.load("model.onnx"))
+    bnfold.fold("big.onnx", output="big.folded.onnx")    # file to file; external data never enters Python
+    findings = bnfold.check("model.onnx")               # what `bnfold check` reports, as dicts
+    info = bnfold.info("model.onnx")                    # what `bnfold info --json` prints
+
+Errors raise ``bnfold.Error`` (``InvalidModelError``, ``OptionError``, ``VerificationError``) with the CLI's
+one-line message. The library releases the GIL while it works, so threads fold models in parallel.
+``onnx`` is needed only to pass or receive ModelProto objects.
+"""
+
+import os
+import sys
+import warnings
+
+from . import _native
+from ._native import Error, InvalidModelError, OptionError
+
+__version__ = _native.__version__
+
+__all__ = [
+    "fold",
+    "check",
+    "info",
+    "rules",
+    "finding_categories",
+    "Error",
+    "InvalidModelError",
+    "OptionError",
+    "VerificationError",
+    "BnfoldWarning",
+    "DEFAULT_FAIL_ON",
+    "__version__",
+]
+
+DEFAULT_FAIL_ON = _native.default_fail_on
+"""The finding categories that make a finding an error unless ``fail_on`` says otherwise."""
+
+
+class VerificationError(Error):
+    """A rewrite failed ``verify=True``: it does not compute what the original did, so no model was returned or
+    written. ``report`` is the run's report (each failing entry has a ``verify`` object) and ``failures`` one
+    message per failed rewrite."""
+
+    def __init__(self, message, report, failures):
+        super().__init__(message)
+        self.report = report
+        self.failures = list(failures)
+
+
+class BnfoldWarning(UserWarning):
+    """What the CLI prints as a warning: nodes sorted on load, BatchNormalization that an option would fold."""
+
+
+_MODEL_KINDS = "an onnx.ModelProto, bytes (a serialized ModelProto) or a path (str or os.PathLike)"
+
+
+def _is_model_proto(model):
+    # Duck-typed, so that onnx is not imported (and need not be installed) for bytes and paths.
+    return type(model).__name__ == "ModelProto" and hasattr(model, "SerializeToString")
+
+
+def _classify(model):
+    """("proto" | "bytes" | "path", bytes or path)."""
+    if _is_model_proto(model):
+        return "proto", model.SerializeToString()
+    if isinstance(model, bytes):
+        return "bytes", model
+    if isinstance(model, (bytearray, memoryview)):
+        return "bytes", bytes(model)  # an immutable copy: the library reads it without the GIL
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        return "path", path
+    raise TypeError(f"model must be {_MODEL_KINDS}, not {type(model).__name__}")
+
+
+def _optional_path(value, name):
+    if value is None:
+        return ""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), not {type(value).__name__}")
+    path = os.fsdecode(os.fspath(value))
+    if not path:
+        raise OptionError(f"{name}: an empty path")
+    return path
+
+
+def _names(value, name):
+    if isinstance(value, (str, bytes)):
+        return [value] if isinstance(value, str) else [value.decode()]
+    try:
+        names = list(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a string or an iterable of strings") from None
+    if not all(isinstance(item, str) for item in names):
+        raise TypeError(f"{name} must be a string or an iterable of strings")
+    return names
+
+
+def _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize, max_constant_size,
+                    verify):
+    if not isinstance(rules, str):
+        rules = ",".join(_names(rules, "rules"))
+    return _native.driver_options(
+        rules=rules,
+        keep=_names(keep, "keep"),
+        keep_op=_names(keep_op, "keep_op"),
+        input_defaults_are_constant=bool(input_defaults_are_constant),
+        freeze_train_bn=bool(freeze_train_bn),
+        equalize=bool(equalize),
+        max_constant_size=float(max_constant_size),
+        verify=bool(verify),
+    )
+
+
+def _source_name(kind):
+    return "<ModelProto>" if kind == "proto" else "<bytes>"
+
+
+def _base_dir(base_dir):
+    return os.fsdecode(os.fspath(base_dir)) if base_dir is not None else os.getcwd()
+
+
+def _finish(result, name):
+    """Parses the report, raises VerificationError or warns as the CLI does."""
+    report = result["report"]
+    if result["verify_failures"]:
+        lines = result["verify_failures"] + [result["verify_failure_text"]]
+        raise VerificationError(f"{name}: " + "; ".join(lines), report, result["verify_failures"])
+    if report.get("graph_reordered"):
+        moved = sum(entry.get("moved_nodes", 0) for entry in report["graph_reordered"])
+        warnings.warn(f"{name}: nodes were not in topological order; sorted {moved} nodes", BnfoldWarning,
+                      stacklevel=3)
+    if result["input_defaults_hint"]:
+        warnings.warn(f"{name}: {result['input_defaults_hint']}", BnfoldWarning, stacklevel=3)
+    return report
+
+
+def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(),
+         input_defaults_are_constant=False, freeze_train_bn=False, equalize=False, max_constant_size=64.0,
+         verify=False, dry_run=False, in_place=False, backup_suffix=None, timings=False, base_dir=None):
+    """Rewrite a model as ``bnfold fold`` does; returns ``(model, report)``.
+
+    model: an ``onnx.ModelProto`` or ``bytes`` (the result is of the same kind; the argument is not changed), or
+        a path. A path is folded file to file: give ``output=`` (or ``in_place=True``, or ``dry_run=True``); the
+        result is then the output path, and tensors in external data are streamed file to file, never read into
+        Python (models over 2 GB work).
+    output: where to write the model (atomically; tensors that were external stay in ``<output>.data``). For an
+        in-memory model, optional: the folded model is returned and also written there.
+    report: also write the JSON report to this path (``--report``).
+    rules: "default", "all", "none", a comma list ("bn-fold,bias-add"), changes ("+bn-decompose,-scale-fold"),
+        or a list of such items (``--rules``; see ``bnfold.rules()``).
+    keep: node name globs no rule may touch (``--keep``); a string or an iterable of strings.
+    keep_op: op types no rule may touch (``--keep-op``).
+    input_defaults_are_constant: treat initializers that are also graph inputs (IR >= 4) as constants.
+    freeze_train_bn: turn training-mode BatchNormalization into inference mode (changes the function).
+    equalize: cross-layer equalization after folding (``--equalize``, same as ``+equalize`` in rules): rescales
+        channels between layers joined by Relu/LeakyRelu/PRelu so per-tensor int8 weights lose less; exact in float.
+    max_constant_size: largest result in MiB of an op evaluated while computing a weight (``--max-constant-size``).
+    verify: check every rewrite numerically; a failure raises ``VerificationError`` and nothing is written.
+    dry_run: run the rules and write nothing; the returned model is None.
+    in_place: with a path, replace the input (only when something changed); ``backup_suffix`` keeps the original.
+    timings: print the wall time of load, rules and save to stderr, as ``--timings`` does (paths only).
+    base_dir: where external data of an in-memory model is found (default: the current folder).
+
+    The report is a dict in the report's schema (schema/report.schema.json): ``report["folds"]`` lists each
+    BatchNormalization folded, ``report["skipped"]`` each left in place with its reason.
+    Raises InvalidModelError (unreadable or invalid model), OptionError (a bad keyword value), VerificationError,
+    or Error (e.g. an output that cannot be written); nothing is written then.
+    """
+    kind, source = _classify(model)
+    options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize,
+                              max_constant_size, verify)
+    output_path = _optional_path(output, "output")
+    report_path = _optional_path(report, "report")
+    if backup_suffix is not None and not in_place:
+        raise OptionError("backup_suffix only applies to in_place=True")
+    if kind != "path":
+        if in_place:
+            raise OptionError("in_place=True needs a model given as a path")
+        if timings:
+            raise OptionError("timings=True needs a model given as a path")
+        name = _source_name(kind)
+        result = _native.fold_bytes(data=source, source_name=name, base_dir=_base_dir(base_dir), output=output_path,
+                                    report=report_path, options=options, dry_run=bool(dry_run))
+        parsed = _finish(result, name)
+        if dry_run:
+            return None, parsed
+        folded = result["model"]
+        if kind == "proto":
+            folded_proto = type(model)()
+            folded_proto.ParseFromString(folded)
+            return folded_proto, parsed
+        return folded, parsed
+
+    if in_place:
+        if output_path:
+            raise OptionError("output= names another file; it cannot be combined with in_place=True")
+        output_path = source
+    elif not output_path and not dry_run:
+        raise OptionError("a model given as a path needs output= (or in_place=True, or dry_run=True)")
+    if base_dir is not None:
+        raise OptionError("base_dir is for in-memory models; a path's external data is found beside it")
+    result = _native.fold_path(input=source, output=output_path, report=report_path, dry_run=bool(dry_run),
+                               in_place=bool(in_place), backup_suffix=backup_suffix or "", options=options)
+    parsed = _finish(result, source)
+    if timings:
+        load, rules_seconds, save = result["timings"]
+        print(f"bnfold: timings: load {load:.4f} s, rules {rules_seconds:.4f} s, save {save:.4f} s, "
+              f"total {load + rules_seconds + save:.4f} s", file=sys.stderr)
+    return (None if dry_run else output_path), parsed
+
+
+def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(),
+          input_defaults_are_constant=False, freeze_train_bn=False, equalize=False, max_constant_size=64.0,
+          verify=False, base_dir=None):
+    """List what ``fold`` would change and what stops it, as ``bnfold check`` does; never writes anything.
+
+    Returns a list of dicts, one per finding: ``category`` (see ``bnfold.finding_categories()``), ``severity``
+    ("error" when the category is in ``fail_on``, else "warning"), ``node``, ``message``, and ``op``, ``graph``,
+    ``rule``, ``reason``, ``entry`` (None when not applicable). ``fail_on`` is a comma list of categories, "all"
+    or "none" (``--fail-on``); the rule keywords are those of ``fold``. A CI gate fails when any finding has
+    severity "error". An unreadable model raises InvalidModelError rather than returning an invalid-model finding.
+    """
+    kind, source = _classify(model)
+    options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize,
+                              max_constant_size, verify)
+    if not isinstance(fail_on, str):
+        fail_on = ",".join(_names(fail_on, "fail_on"))
+    name = source if kind == "path" else _source_name(kind)
+    return _native.check(source=source, source_name=name, base_dir=_base_dir(base_dir), fail_on=fail_on,
+                         options=options)
+
+
+def info(model, *, base_dir=None):
+    """What ``bnfold info --json`` prints, as a dict: ``file``, ``ir_version``, ``producer``, ``opsets``, ``graphs``,
+    ``nodes``, ``initializers``, ``initializer_bytes``, ``ops`` (an op histogram) and ``batch_normalization``
+    (count and the ops producing their inputs)."""
+    kind, source = _classify(model)
+    name = source if kind == "path" else _source_name(kind)
+    return _native.info(source=source, source_name=name, base_dir=_base_dir(base_dir))
+
+
+def rules():
+    """The rules bnfold has, in priority order: a list of ``(name, summary, enabled_by_default)``."""
+    return [tuple(rule) for rule in _native.rules()]
+
+
+def finding_categories():
+    """The categories of ``check`` findings: a list of ``(name, meaning)``."""
+    return [tuple(category) for category in _native.finding_categories()]
+
+

@@ -1,0 +1,99 @@
+"""bnfold.fold on ModelProto, bytes and paths: the result has the input's kind, computes what the original computes
+in ONNX Runtime, and matches what `bnfold fold` writes and reports."""
+
+import json
+
+import onnx
+import pytest
+
+import bnfold
+from conftest import assert_same_in_ort, ops, run_cli, sample, without_paths
+
+
+def test_model_proto_in_model_proto_out_folds_and_computes_the_same(conv_bn_model, tmp_path):
+    original_bytes = conv_bn_model.SerializeToString()
+    folded, report = bnfold.fold(conv_bn_model)
+
+    assert isinstance(folded, onnx.ModelProto)
+    assert conv_bn_model.SerializeToString() == original_bytes, "the argument must not change"
+    assert "BatchNormalization" not in ops(folded)
+    assert ops(folded) == ["Conv", "Relu", "GlobalAveragePool", "Flatten", "Gemm"]
+    assert sorted(entry["bn"] for entry in report["folds"]) == ["batchnormalization_1", "batchnormalization_6"]
+    assert report["input"] == "<ModelProto>"
+    assert report["skipped"] == []
+    onnx.checker.check_model(folded)
+
+    onnx.save(conv_bn_model, tmp_path / "original.onnx")
+    onnx.save(folded, tmp_path / "folded.onnx")
+    assert_same_in_ort(tmp_path / "original.onnx", tmp_path / "folded.onnx")
+
+
+def test_bytes_in_bytes_out(conv_bn_model, tmp_path):
+    data = conv_bn_model.SerializeToString()
+    folded, report = bnfold.fold(data)
+
+    assert isinstance(folded, bytes)
+    model = onnx.load_from_string(folded)
+    assert "BatchNormalization" not in ops(model)
+    assert len(report["folds"]) == 2
+    assert report["input"] == "<bytes>"
+    (tmp_path / "original.onnx").write_bytes(data)
+    (tmp_path / "folded.onnx").write_bytes(folded)
+    assert_same_in_ort(tmp_path / "original.onnx", tmp_path / "folded.onnx")
+
+    # bytearray and memoryview are read as bytes.
+    for view in (bytearray(data), memoryview(data)):
+        again, _ = bnfold.fold(view)
+        assert again == folded
+
+
+def test_path_in_path_out_matches_the_cli(tmp_path):
+    source = sample("resnet_block.onnx")
+    original = source.read_bytes()
+    result, report = bnfold.fold(str(source), output=tmp_path / "py.onnx", report=tmp_path / "py.json")
+
+    assert result == str(tmp_path / "py.onnx")
+    assert source.read_bytes() == original
+    assert "BatchNormalization" not in ops(onnx.load(tmp_path / "py.onnx"))
+    assert json.loads((tmp_path / "py.json").read_text()) == report
+    assert report["input"] == str(source) and report["output"] == str(tmp_path / "py.onnx")
+
+    code, _, err = run_cli("fold", source, "-o", tmp_path / "cli.onnx", "--report", tmp_path / "cli.json")
+    assert code == 0, err
+    assert (tmp_path / "py.onnx").read_bytes() == (tmp_path / "cli.onnx").read_bytes()
+    assert without_paths(report) == without_paths(json.loads((tmp_path / "cli.json").read_text()))
+    assert_same_in_ort(source, tmp_path / "py.onnx")
+
+
+@pytest.mark.parametrize("name", ["resnet_block.onnx", "mlp_bn1d.onnx", "decoder_convtranspose.onnx",
+                                  "bias_add.onnx", "unfoldable_bn.onnx"])
+def test_in_memory_result_equals_the_cli_output(name, tmp_path):
+    source = sample(name)
+    folded, report = bnfold.fold(onnx.load(source))
+
+    code, _, err = run_cli("fold", source, "-o", tmp_path / "cli.onnx", "--report", tmp_path / "cli.json")
+    assert code == 0, err
+    assert folded == onnx.load(tmp_path / "cli.onnx")
+    assert without_paths(report) == without_paths(json.loads((tmp_path / "cli.json").read_text()))
+    onnx.save(folded, tmp_path / "py.onnx")
+    assert_same_in_ort(source, tmp_path / "py.onnx")
+
+
+def test_pathlike_and_in_memory_output_file(conv_bn_model, tmp_path):
+    onnx.save(conv_bn_model, tmp_path / "in.onnx")
+    result, report = bnfold.fold(tmp_path / "in.onnx", output=tmp_path / "out.onnx")
+    assert result == str(tmp_path / "out.onnx")
+    assert len(report["folds"]) == 2
+
+    # An in-memory model with output= is returned and also written, as `fold -o` writes it.
+    folded, report = bnfold.fold(conv_bn_model, output=tmp_path / "also.onnx")
+    assert onnx.load(tmp_path / "also.onnx") == folded
+    assert report["output"] == str(tmp_path / "also.onnx")
+
+
+def test_done_when_line_prints_the_fold_count():
+    # The issue's check: the sample's three Conv+BN pairs fold.
+    _, report = bnfold.fold(onnx.load(str(sample("resnet_block.onnx"))))
+    code, out, _ = run_cli("fold", sample("resnet_block.onnx"), "--dry-run")
+    assert code == 0
+    assert len(report["folds"]) == 3 and "3 BN folded" in out

@@ -1,0 +1,49 @@
+"""A model over protobuf's 2 GiB limit, in external data, folded path to path: the tensors are streamed file to
+file (this process never holds them), the output keeps them external beside it and computes what the input
+computes in ONNX Runtime. As test/io/test_large_model.cpp: about 4.5 GB of temporary disk, deleted afterwards."""
+
+import resource
+import shutil
+import subprocess
+
+import pytest
+
+import bnfold
+from conftest import SOURCE_DIR, assert_same_in_ort
+
+TWO_GIB = 1 << 31
+DISK_NEEDED = 4500 * 1000 * 1000
+
+
+def folder_bytes(folder):
+    return sum(path.stat().st_size for path in folder.iterdir())
+
+
+def peak_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def test_a_model_over_2_gib_folds_from_path_to_path(tmp_path):
+    if shutil.disk_usage(tmp_path).free < DISK_NEEDED:
+        pytest.fail(f"needs {DISK_NEEDED // 10**6} MB free in {tmp_path}: free space or point TMPDIR elsewhere")
+    try:
+        inputs, outputs = tmp_path / "in", tmp_path / "out"
+        outputs.mkdir()
+        subprocess.run(["/usr/bin/python3", str(SOURCE_DIR / "scripts" / "gen_large_model.py"), str(inputs)],
+                       check=True, capture_output=True)
+        assert folder_bytes(inputs) > TWO_GIB
+
+        rss_before = peak_rss_bytes()
+        result, report = bnfold.fold(inputs / "model.onnx", output=outputs / "model.onnx")
+        assert result == str(outputs / "model.onnx")
+        assert len(report["folds"]) == 4 and report["skipped"] == []
+        # Streamed: the fold did not hold the model's 2 GiB in this process.
+        assert peak_rss_bytes() - rss_before < TWO_GIB // 2
+
+        assert (outputs / "model.onnx").stat().st_size < 1 << 20
+        assert folder_bytes(outputs) > TWO_GIB
+        info = bnfold.info(outputs / "model.onnx")
+        assert info["batch_normalization"]["count"] == 0
+        assert_same_in_ort(inputs / "model.onnx", outputs / "model.onnx", atol=1e-5, rtol=1e-4)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
