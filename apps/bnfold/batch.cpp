@@ -25,6 +25,10 @@ void addRuleFlags(CLI::App& command, RuleFlags& flags) {
                    "Treat initializers that are also graph inputs (IR >= 4) as constants");
   command.add_flag("--freeze-train-bn", flags.freezeTrainingBatchNorm,
                    "Turn training-mode BatchNormalization into inference mode (changes the function)");
+  command.add_flag("--equalize", flags.equalize,
+                   "Cross-layer equalization after folding (same as --rules +equalize): rescale channels between "
+                   "layers joined by Relu/LeakyRelu/PRelu so per-tensor int8 weights lose less; exact in float "
+                   "(see docs/quantization.md)");
   command.add_option("--max-constant-size", flags.maxConstantMiB,
                      "Largest result (MiB) of an op that is evaluated when a weight or BN parameter is computed from "
                      "constants (Identity, Cast, Reshape, Add(var, eps), ...)")

@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 DriverOptions driverOptionsFrom(const RuleSettings& settings) {
   DriverOptions options;
   try {
-    options.rules = parseRuleSelection(settings.rules);
+    options.rules = parseRuleSelection(settings.equalize ? settings.rules + ",+equalize" : settings.rules);
   } catch (const std::invalid_argument& e) {
     throw Error("", std::string("--rules: ") + e.what());
   }

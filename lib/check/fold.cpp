@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <unordered_set>
 #include <stdexcept>
 
 #include "bnfold/rewrite/driver.h"
@@ -25,17 +26,46 @@ std::vector<const Rule*> rulesNamed(const std::vector<std::string>& names) {
   return rules;
 }
 
+// Records the match failures of each rule that has a Rule::failureSection (those not quiet) in that section, one
+// entry per node.
+class FailureSections final : public DriverObserver {
+ public:
+  explicit FailureSections(Report& report) : report_(report) {}
+  void rootVisited(const Node& root, bool /*fromScan*/, bool /*kept*/, bool /*rewritten*/,
+                   const std::vector<RuleFailure>& failures) override {
+    for (const RuleFailure& failure : failures) {
+      const char* section = failure.rule->failureSection();
+      if (!section || failure.failure.quiet || !logged_.insert(&root).second) continue;
+      report_.add(section, nlohmann::json{{"rule", failure.rule->name()},
+                                          {"node", root.name()},
+                                          {"op", root.opType()},
+                                          {"reason", failure.failure.code.str()},
+                                          {"message", failure.failure.message}});
+    }
+  }
+
+ private:
+  Report& report_;
+  std::unordered_set<const Node*> logged_;
+};
+
 void fold(Model& model, const DriverOptions& options, const FaultInjector& injectFault, Report& report) {
   report.setOpset(model.opsetVersion(""));
   report.setRules(options.rules);
   report.setReorderedGraphs(model.reorderedGraphs());
-  const std::vector<const Rule*> rules = rulesNamed(options.rules);
+  // Rules that run once the others reached their fixed point (Rule::runsAfterFixedPoint): a second run of the
+  // driver, each root visited once.
+  std::vector<const Rule*> rules;
+  std::vector<const Rule*> lateRules;
+  for (const Rule* rule : rulesNamed(options.rules)) (rule->runsAfterFixedPoint() ? lateRules : rules).push_back(rule);
 
   RewriteDriverOptions driverOptions;
   driverOptions.ruleOptions = options.ruleOptions;
   driverOptions.maxRewrites = options.maxRewrites;
   SkippedBatchNorms skipped(rules);
   driverOptions.observers.push_back(&skipped);
+  FailureSections failureSections(report);
+  driverOptions.observers.push_back(&failureSections);
   std::optional<verify::RewriteVerifier> verifier;
   if (options.verify || injectFault) {
     verifier.emplace(model, report, options.verify, options.verifySeed, injectFault);
@@ -43,6 +73,12 @@ void fold(Model& model, const DriverOptions& options, const FaultInjector& injec
     driverOptions.listeners.push_back(&verifier->recorder());
   }
   driveRules(model, rules, driverOptions, report);
+  if (!lateRules.empty()) {
+    driverOptions.revisitTouched = false;
+    // The skipped BatchNormalization entries are those of the first run.
+    driverOptions.observers.erase(std::find(driverOptions.observers.begin(), driverOptions.observers.end(), &skipped));
+    driveRules(model, lateRules, driverOptions, report);
+  }
   if (verifier) verifier->recordSummary();
   skipped.record(model, options.ruleOptions, report);
 }

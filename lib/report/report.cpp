@@ -76,7 +76,8 @@ const nlohmann::json& Report::json() const {
 std::size_t Report::rewriteCount() const {
   std::size_t count = 0;
   for (const auto& [key, value] : doc_.items())
-    if (value.is_array() && key != "skipped" && key != "rules" && key != kReorderedSection) count += value.size();
+    if (value.is_array() && key != "skipped" && key != "not_equalized" && key != "rules" && key != kReorderedSection)
+      count += value.size();
   return count;
 }
 

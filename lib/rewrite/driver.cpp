@@ -146,6 +146,10 @@ class Driver final : public RewriteListener {
 
   // Look again at what changed and at whatever reads it.
   void requeueTouched() {
+    if (!options_.revisitTouched) {
+      touched_.clear();
+      return;
+    }
     for (Node* touched : touched_) {
       if (touched->isErased()) continue;
       enqueue(touched);

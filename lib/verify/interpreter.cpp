@@ -398,6 +398,14 @@ class Evaluator {
       return;
     }
     if (op == "BatchNormalization") return evaluateBatchNorm(node);
+    if (op == "LeakyRelu") {
+      setReal(node, 0, input(node, 0).type, leakyRelu(real(node, 0), floatAttribute(node, "alpha", 0.01)));
+      return;
+    }
+    if (op == "PRelu") {
+      setReal(node, 0, input(node, 0).type, prelu(real(node, 0), real(node, 1)));
+      return;
+    }
     if (op == "ReduceMean") {
       const Operand<T>& x = input(node, 0);
       std::vector<int64_t> axes = axesOf(node, kReduceMeanAxesInputOpset, 1);
@@ -474,6 +482,7 @@ double roundedTo(DataType type, double v) {
 bool isEvaluableOp(const std::string& op) {
   static const char* const ops[] = {"Add",        "Sub",       "Mul",     "Div",     "Pow",       "Max",
                                     "Min",        "Identity",  "Sqrt",    "Reciprocal", "Neg",    "Relu",
+                                    "LeakyRelu",  "PRelu",
                                     "Conv",       "ConvTranspose", "Gemm", "MatMul", "BatchNormalization",
                                     "ReduceMean", "Reshape",   "Flatten", "Squeeze", "Unsqueeze", "Transpose",
                                     "Cast",       "Concat",    "Slice",   "Gather",  "Expand",    "ConstantOfShape",

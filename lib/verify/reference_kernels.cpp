@@ -717,6 +717,30 @@ Array<T> unary(UnaryOp op, const Array<T>& x) {
 }
 
 template <typename T>
+Array<T> leakyRelu(const Array<T>& x, double alpha) {
+  checkArray(x, "LeakyRelu");
+  Array<T> y = makeArray<T>(x.dims);
+  // As ORT: the product is taken in T with alpha rounded to T (ORT reads alpha as a float attribute).
+  const T a = static_cast<T>(static_cast<float>(alpha));
+  for (size_t i = 0; i < x.data.size(); ++i) y.data[i] = x.data[i] >= T(0) ? x.data[i] : a * x.data[i];
+  return y;
+}
+
+template <typename T>
+Array<T> prelu(const Array<T>& x, const Array<T>& slope) {
+  checkArray(x, "PRelu X");
+  checkArray(slope, "PRelu slope");
+  if (broadcastDims(x.dims, slope.dims) != x.dims) fail("PRelu: slope does not broadcast to the shape of X");
+  Array<T> y = makeArray<T>(x.dims);
+  forEachIndex(y.dims, broadcastStrides(x.dims, y.dims), broadcastStrides(slope.dims, y.dims), 0, 0,
+               [&](int64_t out, int64_t ix, int64_t is) {
+                 const T v = x.data[static_cast<size_t>(ix)];
+                 y.data[static_cast<size_t>(out)] = v >= T(0) ? v : slope.data[static_cast<size_t>(is)] * v;
+               });
+  return y;
+}
+
+template <typename T>
 Array<T> reduceMean(const Array<T>& x, const std::vector<int64_t>& axes, bool keepDims) {
   checkArray(x, "ReduceMean");
   const int64_t rank = static_cast<int64_t>(x.dims.size());
@@ -914,7 +938,9 @@ Array<T> concat(const std::vector<const Array<T>*>& inputs, int64_t axis) {
   template Array<T> batchNormInference(const Array<T>&, const Array<T>&, const Array<T>&, const Array<T>&,          \
                                        const Array<T>&, double);                                                    \
   template BatchNormTraining<T> batchNormTraining(const Array<T>&, const Array<T>&, const Array<T>&,                \
-                                                  const Array<T>&, const Array<T>&, double, double);
+                                                  const Array<T>&, const Array<T>&, double, double);           \
+  template Array<T> leakyRelu(const Array<T>&, double);                                                             \
+  template Array<T> prelu(const Array<T>&, const Array<T>&);
 
 #define BNFOLD_ANY_KERNELS(T)                                                                                       \
   template Array<T> binary(BinaryOp, const Array<T>&, const Array<T>&);                                             \

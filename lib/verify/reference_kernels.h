@@ -113,6 +113,15 @@ enum class UnaryOp { Identity, Sqrt, Reciprocal, Neg, Relu };
 template <typename T>
 Array<T> unary(UnaryOp op, const Array<T>& x);
 
+/// LeakyRelu: x where x >= 0, else alpha * x (NaN stays NaN).
+template <typename T>
+Array<T> leakyRelu(const Array<T>& x, double alpha);
+
+/// PRelu (opset 7+): x where x >= 0, else slope * x, with slope unidirectionally broadcast to x's shape (a slope
+/// that would broadcast x to a bigger shape throws).
+template <typename T>
+Array<T> prelu(const Array<T>& x, const Array<T>& slope);
+
 /// Mean over axes (negative counts from the end; empty = all axes); duplicate or out-of-range axes throw.
 template <typename T>
 Array<T> reduceMean(const Array<T>& x, const std::vector<int64_t>& axes, bool keepDims);

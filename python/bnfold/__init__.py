@@ -105,7 +105,8 @@ def _names(value, name):
     return names
 
 
-def _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, max_constant_size, verify):
+def _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize, max_constant_size,
+                    verify):
     if not isinstance(rules, str):
         rules = ",".join(_names(rules, "rules"))
     return _native.driver_options(
@@ -114,6 +115,7 @@ def _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_tr
         keep_op=_names(keep_op, "keep_op"),
         input_defaults_are_constant=bool(input_defaults_are_constant),
         freeze_train_bn=bool(freeze_train_bn),
+        equalize=bool(equalize),
         max_constant_size=float(max_constant_size),
         verify=bool(verify),
     )
@@ -143,8 +145,8 @@ def _finish(result, name):
 
 
 def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(),
-         input_defaults_are_constant=False, freeze_train_bn=False, max_constant_size=64.0, verify=False,
-         dry_run=False, in_place=False, backup_suffix=None, timings=False, base_dir=None):
+         input_defaults_are_constant=False, freeze_train_bn=False, equalize=False, max_constant_size=64.0,
+         verify=False, dry_run=False, in_place=False, backup_suffix=None, timings=False, base_dir=None):
     """Rewrite a model as ``bnfold fold`` does; returns ``(model, report)``.
 
     model: an ``onnx.ModelProto`` or ``bytes`` (the result is of the same kind; the argument is not changed), or
@@ -160,6 +162,8 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
     keep_op: op types no rule may touch (``--keep-op``).
     input_defaults_are_constant: treat initializers that are also graph inputs (IR >= 4) as constants.
     freeze_train_bn: turn training-mode BatchNormalization into inference mode (changes the function).
+    equalize: cross-layer equalization after folding (``--equalize``, same as ``+equalize`` in rules): rescales
+        channels between layers joined by Relu/LeakyRelu/PRelu so per-tensor int8 weights lose less; exact in float.
     max_constant_size: largest result in MiB of an op evaluated while computing a weight (``--max-constant-size``).
     verify: check every rewrite numerically; a failure raises ``VerificationError`` and nothing is written.
     dry_run: run the rules and write nothing; the returned model is None.
@@ -173,8 +177,8 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
     or Error (e.g. an output that cannot be written); nothing is written then.
     """
     kind, source = _classify(model)
-    options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, max_constant_size,
-                              verify)
+    options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize,
+                              max_constant_size, verify)
     output_path = _optional_path(output, "output")
     report_path = _optional_path(report, "report")
     if backup_suffix is not None and not in_place:
@@ -216,8 +220,8 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
 
 
 def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(),
-          input_defaults_are_constant=False, freeze_train_bn=False, max_constant_size=64.0, verify=False,
-          base_dir=None):
+          input_defaults_are_constant=False, freeze_train_bn=False, equalize=False, max_constant_size=64.0,
+          verify=False, base_dir=None):
     """List what ``fold`` would change and what stops it, as ``bnfold check`` does; never writes anything.
 
     Returns a list of dicts, one per finding: ``category`` (see ``bnfold.finding_categories()``), ``severity``
@@ -227,8 +231,8 @@ def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(
     severity "error". An unreadable model raises InvalidModelError rather than returning an invalid-model finding.
     """
     kind, source = _classify(model)
-    options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, max_constant_size,
-                              verify)
+    options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize,
+                              max_constant_size, verify)
     if not isinstance(fail_on, str):
         fail_on = ",".join(_names(fail_on, "fail_on"))
     name = source if kind == "path" else _source_name(kind)

@@ -55,13 +55,14 @@ auto withoutGil(Work&& work) -> decltype(work()) {
 /// The rule settings as the Python keywords give them (bnfold.fold documents each).
 bnfold::DriverOptions driverOptions(const std::string& rules, const std::vector<std::string>& keep,
                                     const std::vector<std::string>& keepOp, bool inputDefaultsAreConstant,
-                                    bool freezeTrainBn, double maxConstantMiB, bool verify) {
+                                    bool freezeTrainBn, bool equalize, double maxConstantMiB, bool verify) {
   bnfold::RuleSettings settings;
   settings.rules = rules;
   settings.keepNodes = keep;
   settings.keepOps = keepOp;
   settings.inputDefaultsAreConstant = inputDefaultsAreConstant;
   settings.freezeTrainingBatchNorm = freezeTrainBn;
+  settings.equalize = equalize;
   settings.maxConstantMiB = maxConstantMiB;
   settings.verify = verify;
   try {
@@ -277,7 +278,8 @@ PYBIND11_MODULE(_native, m) {
   });
 
   m.def("driver_options", &driverOptions, py::arg("rules"), py::arg("keep"), py::arg("keep_op"),
-        py::arg("input_defaults_are_constant"), py::arg("freeze_train_bn"), py::arg("max_constant_size"),
+        py::arg("input_defaults_are_constant"), py::arg("freeze_train_bn"), py::arg("equalize"),
+        py::arg("max_constant_size"),
         py::arg("verify"));
   py::class_<bnfold::DriverOptions>(m, "DriverOptions", "Validated rule settings (from driver_options).");
   m.def("fold_bytes", &foldBytes, py::arg("data"), py::arg("source_name"), py::arg("base_dir"), py::arg("output"),

@@ -44,6 +44,8 @@ PARITY_CASES = [
     ({"keep": ["conv_*", "gemm_*"]}, ["--keep", "conv_*", "--keep", "gemm_*"]),
     ({"keep_op": "Gemm"}, ["--keep-op", "Gemm"]),
     ({"verify": True}, ["--verify"]),
+    ({"equalize": True}, ["--equalize"]),
+    ({"equalize": True, "verify": True}, ["--equalize", "--verify"]),
     ({"max_constant_size": 0}, ["--max-constant-size", "0"]),
 ]
 

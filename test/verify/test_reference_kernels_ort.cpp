@@ -470,6 +470,27 @@ Case unaryCase(Rng& r, v::UnaryOp op, const char* name, int64_t opset) {
 }
 
 template <typename T>
+Case leakyReluCase(Rng& r) {
+  const Dims dims = r.pick<Dims>({{5}, {2, 3}, {2, 3, 2, 2}});
+  const Array<T> x = r.array<T>(dims, -2, 2);
+  const auto alpha = static_cast<float>(r.real(0, 1));
+  CaseBuilder builder("LeakyRelu", 16, TypeInfo<T>::name);
+  builder.input(x, "X").real("alpha", alpha).output(v::leakyRelu(x, alpha));
+  return builder.finish();
+}
+
+template <typename T>
+Case preluCase(Rng& r) {
+  // The slope shapes equalize passes through: scalar, per channel [C, 1, 1], and the full shape.
+  const Dims dims{2, 3, 2, 2};
+  const Dims slopeDims = r.pick<Dims>({{1}, {3, 1, 1}, {2, 3, 2, 2}, {2}});
+  const Array<T> x = r.array<T>(dims, -2, 2), slope = r.array<T>(slopeDims, -1, 1);
+  CaseBuilder builder("PRelu", 16, TypeInfo<T>::name);
+  builder.input(x, "X").input(slope, "slope").output(v::prelu(x, slope));
+  return builder.finish();
+}
+
+template <typename T>
 Case reduceMeanCase(Rng& r, int64_t opset) {
   const Dims dims = r.pick<Dims>({{4}, {2, 3}, {2, 3, 4}, {2, 1, 3, 2}});
   const int64_t rank = static_cast<int64_t>(dims.size());
@@ -632,6 +653,12 @@ std::vector<Case> buildCases() {
     cases.push_back(unaryCase<float>(r, op, name, opset));
     cases.push_back(unaryCase<double>(r, op, name, opset));
   }
+  for (int i = 0; i < 4; ++i) {
+    cases.push_back(leakyReluCase<float>(r));
+    cases.push_back(preluCase<float>(r));
+  }
+  cases.push_back(leakyReluCase<double>(r));
+  cases.push_back(preluCase<double>(r));
   for (int i = 0; i < 5; ++i) {
     cases.push_back(reduceMeanCase<float>(r, 13));
     cases.push_back(reduceMeanCase<float>(r, 18));

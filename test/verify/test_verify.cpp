@@ -345,6 +345,36 @@ TEST_CASE("verify: train-bn-freeze with a wrong scale fails", "[verify]") {
   expectCaught(c, {inputOf("BatchNormalization", 1), nudgeLargest(0.1)});
 }
 
+// Conv -> PRelu (per-channel slope) -> Conv with output channels of the first weight 10^-1 .. 10 apart: equalize.
+std::string convPReluConvText() {
+  std::vector<double> w1 = sampleValues(4 * 3 * 3 * 3, 30.0);
+  for (std::size_t i = 0; i < w1.size(); ++i) w1[i] *= std::pow(10.0, static_cast<double>(i / 27) * 2.0 / 3.0 - 1.0);
+  return R"(<ir_version: 8, opset_import: ["" : 13]>
+g (float[1,3,4,4] x) => (float[1,5,4,4] y)
+<)" + tensorText("float", "w1", {4, 3, 3, 3}, asFloats(w1)) + ", " + floats("b1", {4}, 31.0) + ", " +
+         floats("slope", {4, 1, 1}, 32.0) + ", " + floats("w2", {5, 4, 3, 3}, 33.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  p1 = PRelu (c1, slope)
+  y = Conv <pads = [1,1,1,1]> (p1, w2)
+}
+)";
+}
+
+TEST_CASE("verify: equalize with a wrong rescaled weight or bias fails", "[verify]") {
+  const RuleCase c{"equalize", convPReluConvText(), "equalized", "Conv_0", {}};
+  expectPasses(c);
+  SECTION("the first layer's largest weight off by 10%") { expectCaught(c, {inputOf("Conv", 1), nudgeLargest(0.1)}); }
+  SECTION("two input channels of the second layer swapped") {
+    expectCaught(c, {constantNamed("w2_equalized"), [](std::vector<double>& values, const std::vector<int64_t>&) {
+                       // w2 [5, 4, 3, 3]: input channels 0 and 1 of every output row.
+                       for (std::size_t row = 0; row < 5; ++row)
+                         for (std::size_t k = 0; k < 9; ++k) std::swap(values[row * 36 + k], values[row * 36 + 9 + k]);
+                     }});
+  }
+  SECTION("the first layer's bias off by 1") { expectCaught(c, {inputOf("Conv", 2), addTo(1, 1.0)}); }
+}
+
 // ---- 2. what the report says ----
 
 TEST_CASE("verify: a Conv+BN fold's verify object has every documented field", "[verify]") {

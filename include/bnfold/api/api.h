@@ -26,6 +26,7 @@ struct RuleSettings {
   std::vector<std::string> keepOps;
   bool inputDefaultsAreConstant = false;
   bool freezeTrainingBatchNorm = false;
+  bool equalize = false;       ///< --equalize: adds the equalize rule (same as `+equalize` in rules)
   double maxConstantMiB = 64;  ///< --max-constant-size
   bool verify = false;
 };

@@ -27,7 +27,7 @@ class Report {
  public:
   Report();
   /// Version of the report format; bumped when a field changes meaning or disappears.
-  static constexpr int kFormatVersion = 2;
+  static constexpr int kFormatVersion = 3;
 
   void setInput(const std::string& path) { doc_["input"] = path; }
   void setOutput(const std::string& path) { doc_["output"] = path; }
@@ -51,7 +51,7 @@ class Report {
   void setVerification(nlohmann::json summary) { doc_["verification"] = std::move(summary); }
   /// True when the run verified its rewrites (setVerification was called), so entries may hold verdicts.
   bool hasVerification() const { return doc_.contains("verification"); }
-  /// Entries in every section but "skipped" and "graph_reordered": the rewrites done.
+  /// Entries in every section but "skipped", "not_equalized" and "graph_reordered": the rewrites done.
   std::size_t rewriteCount() const;
 
   const nlohmann::json& json() const;

@@ -46,6 +46,8 @@ struct RewriteDriverOptions {
   RuleOptions ruleOptions;
   /// Safety net against rules that undo each other; a fixed point is reached long before.
   std::size_t maxRewrites = 1000000;
+  /// Look again at what each rewrite touched (to a fixed point). Off: each root is visited once, in graph order.
+  bool revisitTouched = true;
   /// Told of every match and rewrite, in the order given; each must outlive the run.
   std::vector<DriverObserver*> observers;
   /// Added to the rewriter for the run, after the driver's own; each must outlive the run.

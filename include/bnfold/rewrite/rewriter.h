@@ -71,6 +71,10 @@ class Rewriter {
   void setAttribute(const Node* node, onnx::AttributeProto attribute);
   void removeAttribute(const Node* node, const std::string& name);
 
+  /// Tells the listeners that `node`, which the rewrite leaves unchanged, belongs with the nodes it changes: their
+  /// change is exact only through it (an activation between two rescaled layers), so --verify evaluates it with them.
+  void includeUnchanged(const Node* node) { notifyWillChange(node); }
+
   /// Every reader of `from` (including graph outputs, which keep `from`'s name by renaming) now reads `to`.
   /// `from`'s producer is then erased when none of its outputs is read any more.
   /// Used when a node disappears: `to` takes over `from`'s name, so consumers and graph outputs keep working.

@@ -19,8 +19,13 @@ class ConstantEvaluator;
 
 /// Why a rule did not apply: a code from the closed list (bnfold/report/reason_codes.h) and a sentence.
 struct MatchFailure {
+  MatchFailure() = default;
+  MatchFailure(ReasonCode code_, std::string message_, bool quiet_ = false)
+      : code(code_), message(std::move(message_)), quiet(quiet_) {}
   ReasonCode code;
   std::string message;
+  /// Not worth a report entry even for a rule with a failureSection (e.g. a node that is not where the rule starts).
+  bool quiet = false;
 };
 
 /// What a rule found; each rule derives its own.
@@ -44,6 +49,13 @@ class MatchResult {
     result.failure_ = {code, std::move(message)};
     return result;
   }
+  /// A failure not worth a report entry even for a rule with a failureSection (e.g. a node that is not where the
+  /// rule starts).
+  static MatchResult quietFailure(ReasonCode code, std::string message) {
+    MatchResult result;
+    result.failure_ = {code, std::move(message), true};
+    return result;
+  }
   template <typename M>
   static MatchResult success(std::unique_ptr<M> match) {
     MatchResult result;
@@ -52,6 +64,7 @@ class MatchResult {
   }
   bool matched() const { return match_ != nullptr; }
   const MatchFailure& failure() const { return failure_; }
+  bool quiet() const { return failure_.quiet; }
   Match& match() { return *match_; }
   /// The constants the match evaluated from chains (set by RuleContext::match on success).
   std::vector<EvaluatedConstant>& evaluatedConstants() { return evaluatedConstants_; }
@@ -133,6 +146,13 @@ class Rule {
   /// For --verify: the rewrite is meant to equal the original with training-mode BatchNormalization evaluated in
   /// inference mode (train-bn-freeze changes the function on purpose), not the original itself.
   virtual bool verifiesAgainstFrozenBatchNorm() const { return false; }
+  /// Runs only once the other rules reached their fixed point, visiting each of its roots once in graph order
+  /// (a rule that computes a fixed point of its own, like equalize over a whole chain). The driver knows nothing of
+  /// this: lib/check/fold.cpp runs such rules in a second driveRules with RewriteDriverOptions::revisitTouched off.
+  virtual bool runsAfterFixedPoint() const { return false; }
+  /// The report section where lib/check/fold.cpp records this rule's match failures (those not quiet), one entry per
+  /// node: {rule, node, op, reason, message}. Null: failures are not reported (BatchNormalization's go to `skipped`).
+  virtual const char* failureSection() const { return nullptr; }
 
   /// Inspects `root` without changing anything.
   virtual MatchResult match(const Node& root, const RuleContext& context) const = 0;
