@@ -276,12 +276,6 @@ std::optional<Shape> inferredShape(const Value& value, Step step, bool* inputCon
 Fact workOutFact(const Value* value, Step step) {
   if (const Tensor* tensor = value->constantTensor()) return {tensor->dims()};
   auto declared = declaredShape(*value);
-  // A fully declared operand of the value being asked about is taken as declared: checking every declaration back
-  // to the graph inputs made each query walk the whole graph. The value asked about is still checked against its
-  // producer one step back, which catches a declaration that contradicts its operands.
-  if (step.depth > 0 && declared &&
-      std::none_of(declared->begin(), declared->end(), [](int64_t d) { return d == kUnknownDim; }))
-    return {declared};
   bool inputContradicted = false;
   auto inferred = inferredShape(*value, step, &inputContradicted);
   if (inputContradicted) return {std::nullopt, true};
