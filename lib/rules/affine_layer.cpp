@@ -247,12 +247,17 @@ int layerOperandSlot(const Node& binary, const RuleContext& context) {
   return -1;
 }
 
+MatchFailure asLayerFailure(MatchFailure why) {
+  if (why.code == reason::kKeptByUser) why.code = reason::kLayerKeptByUser;
+  if (why.code == reason::kParamsNotConstant) why.code = reason::kWeightsNotConstant;
+  return why;
+}
+
 std::optional<AffineLayer> readLayerForBatchNorm(const Node& node, const RuleContext& context, MatchFailure* whyNot) {
   MatchFailure why;
   std::optional<AffineLayer> layer = readAffineLayer(node, context, &why);
   if (!layer) {
-    if (why.code == reason::kKeptByUser) why.code = reason::kLayerKeptByUser;
-    if (why.code == reason::kParamsNotConstant) why.code = reason::kWeightsNotConstant;
+    why = asLayerFailure(std::move(why));
     return fail(whyNot, why.code, std::move(why.message));
   }
   if (const Node* kept = keptConstantProducer(context, {layer->weightValue, layer->biasValue}))

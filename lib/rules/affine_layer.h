@@ -52,6 +52,10 @@ bool isAffineLayerOp(const Node& node);
 /// bias not constant, non-floating type, dims that do not fit the op).
 std::optional<AffineLayer> readAffineLayer(const Node& node, const RuleContext& context, MatchFailure* whyNot);
 
+/// readAffineLayer's reason as said of a layer that another node's rule looked at: a kept layer gets its own code,
+/// and a weight computed at run time is said as such.
+MatchFailure asLayerFailure(MatchFailure why);
+
 /// readAffineLayer for a rule rooted at a BatchNormalization, which also refuses a layer whose weight or bias
 /// comes from a Constant node the user asked to keep. Its reasons are said as such a rule says them: the driver
 /// reports the BN as kept-by-user, so a kept layer gets its own code, and a weight computed at run time is not a

@@ -77,14 +77,6 @@ struct LinkProblem {
 
 MatchFailure describe(ReasonCode code, std::string message) { return MatchFailure{code, std::move(message)}; }
 
-// readAffineLayer's reasons as for a layer after another: a kept layer gets its own code, and a weight computed at
-// run time is said as such.
-MatchFailure asLayerFailure(MatchFailure why) {
-  if (why.code == reason::kKeptByUser) why.code = reason::kLayerKeptByUser;
-  if (why.code == reason::kParamsNotConstant) why.code = reason::kWeightsNotConstant;
-  return why;
-}
-
 // Why the output of `value`'s readers cannot carry a per-channel scale to one layer.
 MatchFailure readersProblem(const Value& value, const std::string& from) {
   if (value.isGraphOutput())
