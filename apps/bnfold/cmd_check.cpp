@@ -48,7 +48,7 @@ ModelCheck checkOne(const ModelFile& file, const DriverOptions& driverOptions, c
     Report report;
     report.setInput(file.path);
     foldModel(*model, driverOptions, report);  // the model is changed in memory only; it is never saved
-    result.findings = findingsOf(*model, report, failOn);
+    result.findings = findingsOf(*model, report, failOn, driverOptions.ruleOptions);
     result.valid = true;
   } catch (...) {
     result.findings = {invalidModelFinding(currentErrorMessage(file.path))};

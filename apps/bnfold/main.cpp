@@ -22,6 +22,7 @@ training-mode BatchNormalization, so ONNX models suit compilers, accelerators an
 const char* kFooter = R"(
 Examples:
   bnfold info model.onnx
+  bnfold info --weights model.onnx                           # int8 weight SQNR per layer: loaded, folded, equalized
   bnfold fold model.onnx -o folded.onnx --report report.json
   bnfold fold model.onnx -o same.onnx --rules none          # pure load/save round trip
   bnfold fold model.onnx -o out.onnx --keep 'backbone/*' --keep-op ConvTranspose

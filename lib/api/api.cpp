@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <stdexcept>
@@ -183,6 +184,42 @@ nlohmann::json describeModel(Model& model) {
           {"initializer_bytes", initializerBytes},
           {"ops", opList},
           {"batch_normalization", {{"count", batchNorms}, {"input_producers", bnProducers}}}};
+}
+
+namespace {
+
+nlohmann::json finiteOrNull(double value) { return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(); }
+
+nlohmann::json stateJson(const std::optional<LayerWeightQuant>& layer) {
+  if (!layer) return nullptr;
+  return {{"channels", layer->channels},
+          {"dead_channels", layer->deadChannels},
+          {"range_spread", layer->rangeSpread > 0 ? finiteOrNull(layer->rangeSpread) : nlohmann::json()},
+          {"per_tensor_sqnr_db", finiteOrNull(layer->perTensorSqnrDb)},
+          {"per_channel_sqnr_db", finiteOrNull(layer->perChannelSqnrDb)},
+          {"gap_db", finiteOrNull(layer->gapDb)}};
+}
+
+}  // namespace
+
+nlohmann::json weightQuantJson(const WeightQuantSummary& summary) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerWeightQuantStates& row : summary.layers)
+    layers.push_back({{"node", row.node},
+                      {"op", row.op},
+                      {"graph", row.graph},
+                      {"loaded", stateJson(row.loaded)},
+                      {"folded", stateJson(row.folded)},
+                      {"equalized", stateJson(row.equalized)}});
+  nlohmann::json leftOff = nlohmann::json::array();
+  for (const LayerLeftOff& layer : summary.leftOff)
+    leftOff.push_back({{"node", layer.node},
+                       {"op", layer.op},
+                       {"graph", layer.graph},
+                       {"gap_db", finiteOrNull(layer.gapDb)},
+                       {"reason", layer.reason},
+                       {"message", layer.message}});
+  return {{"gap_limit_db", kWeightQuantGapLimitDb}, {"layers", std::move(layers)}, {"left_off", std::move(leftOff)}};
 }
 
 }  // namespace bnfold

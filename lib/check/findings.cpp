@@ -4,6 +4,7 @@
 #include "bnfold/check/findings.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <map>
 #include <sstream>
@@ -14,6 +15,7 @@
 #include "bnfold/report/reason_codes.h"
 #include "bnfold/report/report.h"
 #include "bnfold/check/fold.h"
+#include "bnfold/check/weight_quant.h"
 #include "rules/batch_norm.h"
 
 namespace bnfold {
@@ -163,6 +165,34 @@ Finding skippedFinding(const nlohmann::json& entry, const Node* node, int64_t op
   return finding;
 }
 
+bool ranEqualize(const Report& report) {
+  const nlohmann::json& rules = report.json()["rules"];
+  return rules.is_array() && std::find(rules.begin(), rules.end(), "equalize") != rules.end();
+}
+
+// A layer equalization left more than kWeightQuantGapLimitDb off, with the measured figures as its entry.
+Finding weightQuantGapFinding(const LayerWeightQuant& layer, const LayerLeftOff& leftOff) {
+  Finding finding;
+  finding.category = "weight-quant-gap";
+  finding.node = layer.node;
+  finding.op = layer.op;
+  finding.graph = layer.graph;
+  finding.rule = "equalize";
+  finding.reason = leftOff.reason;
+  auto sqnr = [](double db) { return std::isfinite(db) ? nlohmann::json(db) : nlohmann::json(nullptr); };
+  finding.entry = {{"node", layer.node},
+                   {"op", layer.op},
+                   {"per_tensor_sqnr_db", sqnr(layer.perTensorSqnrDb)},
+                   {"per_channel_sqnr_db", sqnr(layer.perChannelSqnrDb)},
+                   {"gap_db", sqnr(layer.gapDb)},
+                   {"reason", leftOff.reason},
+                   {"message", leftOff.message}};
+  finding.message = layer.op + " " + singleQuoted(layer.node) + ": per-tensor int8 weight SQNR " +
+                    formatDecibels(layer.gapDb) + " dB below per channel after equalize [" + leftOff.reason + ": " +
+                    leftOff.message + "]; quantize it per channel or keep its BatchNormalization (--keep)";
+  return finding;
+}
+
 }  // namespace
 
 const std::vector<FindingCategory>& findingCategories() {
@@ -178,6 +208,8 @@ const std::vector<FindingCategory>& findingCategories() {
       {"unsorted-graph", "a graph whose nodes are not stored in topological order (fold sorts them and says so)"},
       {"input-defaults", "BatchNormalization left only because its parameters are initializers that are also graph "
                          "inputs; one finding per model saying how many would fold with --input-defaults-are-constant"},
+      {"weight-quant-gap", "with --equalize: a layer whose per-tensor int8 weight SQNR stays more than 10 dB below "
+                           "per channel after fold and equalize, with the reason equalize could not reach it"},
       {"verify-failed", "a rewrite whose --verify check failed: the rewritten nodes do not compute what the original "
                         "did (always fails, exit code 1)"},
       {"invalid-model", "the model cannot be read or is structurally invalid (always fails, exit code 2)"}};
@@ -211,7 +243,8 @@ std::set<std::string> parseFailOn(const std::string& text) {
 
 const char* severityName(Severity severity) { return severity == Severity::Error ? "error" : "warning"; }
 
-std::vector<Finding> findingsOf(Model& model, const Report& report, const std::set<std::string>& failOn) {
+std::vector<Finding> findingsOf(Model& model, const Report& report, const std::set<std::string>& failOn,
+                                const RuleOptions& ruleOptions) {
   std::vector<Finding> findings;
   for (const auto& entry : report.section(kReorderedSection)) findings.push_back(reorderedFinding(entry));
   for (const char* section : kReportSections) {
@@ -247,6 +280,13 @@ std::vector<Finding> findingsOf(Model& model, const Report& report, const std::s
     finding.reason = reason::kParamsOverridable.str();
     finding.message = hint.message();
     findings.push_back(std::move(finding));
+  }
+  if (ranEqualize(report)) {
+    const std::vector<LayerWeightQuant> layers = layerWeightQuant(model, ruleOptions);
+    std::map<std::string, const LayerWeightQuant*> byName;
+    for (const LayerWeightQuant& layer : layers) byName.emplace(layer.node, &layer);
+    for (const LayerLeftOff& leftOff : layersLeftOff(layers, model, report, ruleOptions))
+      findings.push_back(weightQuantGapFinding(*byName.at(leftOff.node), leftOff));
   }
   for (Finding& finding : findings)
     finding.severity = failOn.count(finding.category) ? Severity::Error : Severity::Warning;

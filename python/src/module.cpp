@@ -218,7 +218,7 @@ py::object checkModel(const py::object& source, const std::string& sourceName, c
     bnfold::Report report;
     report.setInput(sourceName);
     bnfold::foldModel(*model, options, report);  // rewrites in memory only; nothing is saved
-    for (const bnfold::Finding& finding : bnfold::findingsOf(*model, report, failOn)) {
+    for (const bnfold::Finding& finding : bnfold::findingsOf(*model, report, failOn, options.ruleOptions)) {
       auto orNull = [](const std::string& text) { return text.empty() ? nlohmann::json() : nlohmann::json(text); };
       findings.push_back({{"category", finding.category},
                           {"severity", bnfold::severityName(finding.severity)},

@@ -13,6 +13,7 @@
 #include "bnfold/ir/model.h"
 #include "bnfold/check/findings.h"
 #include "bnfold/check/fold.h"
+#include "bnfold/check/weight_quant.h"
 #include "bnfold/report/report.h"
 #include "bnfold/rewrite/driver.h"
 
@@ -84,5 +85,11 @@ FoldFileResult foldFile(const FoldFileRequest& request, const DriverOptions& opt
 
 /// What `bnfold info --json` prints: opsets, an op histogram and the BatchNormalization nodes' producers.
 nlohmann::json describeModel(Model& model);
+
+/// What `bnfold info --weights --json` adds under "weights": summarizeWeightQuant's layers (each state an object of
+/// channels, dead_channels, range_spread, per_tensor_sqnr_db, per_channel_sqnr_db, gap_db, or null where the layer
+/// is absent; an infinite figure, or the spread of a layer without live channels, is null), the layers left off
+/// with their reason, and the gap limit.
+nlohmann::json weightQuantJson(const WeightQuantSummary& summary);
 
 }  // namespace bnfold

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bnfold/rewrite/rule.h"
+
 namespace bnfold {
 
 class Model;
@@ -48,7 +50,11 @@ struct Finding {
 
 /// The findings of one run: `model` and `report` as runRules left them (the model rewritten in memory; it is read
 /// for the form of each BatchNormalization left in place), with Report::setReorderedGraphs called before the run.
-std::vector<Finding> findingsOf(Model& model, const Report& report, const std::set<std::string>& failOn);
+/// When the run included equalize, each layer whose per-tensor int8 weight SQNR stays more than
+/// kWeightQuantGapLimitDb below per channel is a weight-quant-gap finding (bnfold/check/weight_quant.h);
+/// `ruleOptions` (the run's) tell which weights are constants and which layers the user kept.
+std::vector<Finding> findingsOf(Model& model, const Report& report, const std::set<std::string>& failOn,
+                                const RuleOptions& ruleOptions = {});
 
 /// One finding per rewrite whose --verify check did not pass (category verify-failed, always an error): what was
 /// rewritten, and the error against the tolerance or why it could not be evaluated. findingsOf includes these.

@@ -1,0 +1,149 @@
+// Layers are read the way the rules read them (rules::readAffineLayer), so what info measures is what a rule
+// would rewrite; the keep lists are left out there, since a kept layer is still quantized.
+
+#include "bnfold/check/weight_quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <utility>
+
+#include "bnfold/ir/model.h"
+#include "bnfold/report/reason_codes.h"
+#include "bnfold/report/report.h"
+#include "kernels/weight_quant_stats.h"
+#include "rules/affine_layer.h"
+
+namespace bnfold {
+namespace {
+
+std::string quoted(const std::string& name) { return "'" + name + "'"; }
+
+std::string stringField(const nlohmann::json& entry, const char* key) {
+  auto it = entry.find(key);
+  return it != entry.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// What reads a layer's output, for a layer equalize found no link after.
+std::string readersText(const Node& node) {
+  const Value* output = node.output(0);
+  if (!output) return "it has no output";
+  if (output->isGraphOutput()) return "its output is a graph output";
+  if (output->uses().empty()) return "its output is not read";
+  const Node& reader = *output->uses().front().node;
+  std::string text = "its output is read by " + quoted(reader.name()) + " (" + reader.opType() + ")";
+  if (output->uses().size() > 1) text += " and " + std::to_string(output->uses().size() - 1) + " more";
+  return text;
+}
+
+LayerLeftOff leftOffReason(const LayerWeightQuant& layer, const Node* node, const Report& report,
+                           const RuleContext& context) {
+  LayerLeftOff leftOff{layer.node, layer.op, layer.graph, layer.gapDb, "", ""};
+  for (const auto& entry : report.section("not_equalized"))
+    if (stringField(entry, "node") == layer.node) {
+      leftOff.reason = stringField(entry, "reason");
+      leftOff.message = stringField(entry, "message");
+      return leftOff;
+    }
+  for (const auto& entry : report.section("equalized"))
+    if (stringField(entry, "layer1") == layer.node) {
+      leftOff.reason = "equalized-still-off";
+      leftOff.message = "equalized with " + quoted(stringField(entry, "layer2")) + ", still " +
+                        formatDecibels(layer.gapDb) + " dB below per channel";
+      return leftOff;
+    }
+  if (node && context.isKept(*node)) {
+    leftOff.reason = reason::kKeptByUser.str();
+    leftOff.message = "layer " + quoted(layer.node) + " is kept by --keep or --keep-op";
+    return leftOff;
+  }
+  leftOff.reason = "no-link";
+  leftOff.message = "no layer after it could take its output channels' scales: " +
+                    (node ? readersText(*node) : std::string("the layer is gone"));
+  return leftOff;
+}
+
+}  // namespace
+
+std::string formatDecibels(double db) {
+  if (std::isinf(db)) return db > 0 ? "inf" : "-inf";
+  std::ostringstream text;
+  text.setf(std::ios::fixed);
+  text.precision(1);
+  text << db;
+  return text.str();
+}
+
+std::vector<LayerWeightQuant> layerWeightQuant(Model& model, const RuleOptions& options) {
+  RuleOptions everyLayer = options;
+  everyLayer.keepNodes.clear();
+  everyLayer.keepOps.clear();
+  const RuleContext context(model, everyLayer);
+  std::vector<LayerWeightQuant> layers;
+  for (Graph* graph : model.allGraphs())
+    for (const auto& node : graph->nodes()) {
+      if (!rules::isAffineLayerOp(*node)) continue;
+      const auto layer = rules::readAffineLayer(*node, context, nullptr);
+      if (!layer) continue;
+      const kernels::WeightQuantStats stats =
+          kernels::weightQuantStats(layer->layout, layer->weight->toDoubles(), layer->weight->dims());
+      layers.push_back({node->name(), node->opType(), graph->name(), stats.channels, stats.deadChannels,
+                        stats.rangeSpread, stats.perTensorSqnrDb, stats.perChannelSqnrDb, stats.gapDb()});
+    }
+  return layers;
+}
+
+std::vector<LayerLeftOff> layersLeftOff(const std::vector<LayerWeightQuant>& layers, Model& model,
+                                        const Report& report, const RuleOptions& options) {
+  std::map<std::string, const Node*> nodes;
+  for (Graph* graph : model.allGraphs())
+    for (const auto& node : graph->nodes()) nodes.emplace(node->name(), node.get());
+  const RuleContext context(model, options);
+  std::vector<LayerLeftOff> leftOff;
+  for (const LayerWeightQuant& layer : layers) {
+    if (!(layer.gapDb > kWeightQuantGapLimitDb)) continue;
+    auto it = nodes.find(layer.node);
+    leftOff.push_back(leftOffReason(layer, it == nodes.end() ? nullptr : it->second, report, context));
+  }
+  return leftOff;
+}
+
+WeightQuantSummary summarizeWeightQuant(Model& model, const DriverOptions& options) {
+  DriverOptions foldOptions = options;
+  foldOptions.verify = false;
+  foldOptions.rules.clear();
+  DriverOptions equalizeOptions = foldOptions;
+  for (const std::string& name : options.rules) {
+    const Rule* rule = findRule(name);
+    (rule && rule->runsAfterFixedPoint() ? equalizeOptions : foldOptions).rules.push_back(name);
+  }
+  if (std::find(equalizeOptions.rules.begin(), equalizeOptions.rules.end(), "equalize") == equalizeOptions.rules.end())
+    equalizeOptions.rules.push_back("equalize");
+
+  WeightQuantSummary summary;
+  std::map<std::pair<std::string, std::string>, std::size_t> rowOf;  // (graph, node) -> index in summary.layers
+  auto take = [&](std::optional<LayerWeightQuant> LayerWeightQuantStates::*state) {
+    for (LayerWeightQuant& layer : layerWeightQuant(model, options.ruleOptions)) {
+      auto [it, added] = rowOf.emplace(std::make_pair(layer.graph, layer.node), summary.layers.size());
+      if (added) summary.layers.push_back({layer.node, layer.op, layer.graph, {}, {}, {}});
+      LayerWeightQuantStates& row = summary.layers[it->second];
+      row.op = layer.op;
+      row.*state = std::move(layer);
+    }
+  };
+  take(&LayerWeightQuantStates::loaded);
+  Report foldReport;
+  runRules(model, foldOptions, foldReport);
+  take(&LayerWeightQuantStates::folded);
+  Report equalizeReport;
+  runRules(model, equalizeOptions, equalizeReport);
+  take(&LayerWeightQuantStates::equalized);
+  std::vector<LayerWeightQuant> equalized;
+  for (const LayerWeightQuantStates& row : summary.layers)
+    if (row.equalized) equalized.push_back(*row.equalized);
+  summary.leftOff = layersLeftOff(equalized, model, equalizeReport, options.ruleOptions);
+  return summary;
+}
+
+}  // namespace bnfold
