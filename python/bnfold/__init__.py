@@ -240,13 +240,25 @@ def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(
                          options=options)
 
 
-def info(model, *, base_dir=None):
+def info(model, *, weights=False, rules="default", keep=(), keep_op=(), input_defaults_are_constant=False,
+         freeze_train_bn=False, max_constant_size=64.0, base_dir=None):
     """What ``bnfold info --json`` prints, as a dict: ``file``, ``ir_version``, ``producer``, ``opsets``, ``graphs``,
     ``nodes``, ``initializers``, ``initializer_bytes``, ``ops`` (an op histogram) and ``batch_normalization``
-    (count and the ops producing their inputs)."""
+    (count and the ops producing their inputs).
+
+    ``weights=True`` adds ``weights``, as ``info --weights --json``: per layer the int8 weight figures as loaded,
+    after fold and after fold with equalize (folded in memory with the rule keywords, which need ``weights``), and
+    the layers left more than 10 dB below per-channel quantization (docs/quantization.md)."""
     kind, source = _classify(model)
     name = source if kind == "path" else _source_name(kind)
-    return _native.info(source=source, source_name=name, base_dir=_base_dir(base_dir))
+    options = None
+    if weights:
+        options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, False,
+                                  max_constant_size, False)
+    elif (rules != "default" or keep or keep_op or input_defaults_are_constant or freeze_train_bn
+          or max_constant_size != 64.0):
+        raise OptionError("the rule keywords of info apply only with weights=True")
+    return _native.info(source=source, source_name=name, base_dir=_base_dir(base_dir), weights_options=options)
 
 
 def rules():

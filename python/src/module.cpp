@@ -234,13 +234,18 @@ py::object checkModel(const py::object& source, const std::string& sourceName, c
   return toPython(findings);
 }
 
-py::object describe(const py::object& source, const std::string& sourceName, const std::string& baseDir) {
+/// `bnfold info --json`; with `weightsOptions`, `info --weights --json` folding with those options.
+py::object describe(const py::object& source, const std::string& sourceName, const std::string& baseDir,
+                    const bnfold::DriverOptions* weightsOptions) {
   const ModelSource modelSource(source);
   nlohmann::json info;
   withoutGil([&] {
     bnfold::LoadOptions loadOptions;
-    loadOptions.nameUnnamedNodes = false;  // as `bnfold info`
-    info = bnfold::describeModel(*modelSource.load(sourceName, baseDir, loadOptions));
+    loadOptions.nameUnnamedNodes = weightsOptions != nullptr;  // as `bnfold info`
+    std::unique_ptr<bnfold::Model> model = modelSource.load(sourceName, baseDir, loadOptions);
+    info = bnfold::describeModel(*model);
+    if (weightsOptions)
+      info["weights"] = bnfold::weightQuantJson(bnfold::summarizeWeightQuant(*model, *weightsOptions));
   });
   return toPython(info);
 }
@@ -288,7 +293,8 @@ PYBIND11_MODULE(_native, m) {
         py::arg("in_place"), py::arg("backup_suffix"), py::arg("options"));
   m.def("check", &checkModel, py::arg("source"), py::arg("source_name"), py::arg("base_dir"), py::arg("fail_on"),
         py::arg("options"));
-  m.def("info", &describe, py::arg("source"), py::arg("source_name"), py::arg("base_dir"));
+  m.def("info", &describe, py::arg("source"), py::arg("source_name"), py::arg("base_dir"),
+        py::arg("weights_options") = nullptr);
   m.def("rules", [] {
     py::list rules;
     for (const auto& rule : bnfold::builtinRules())
