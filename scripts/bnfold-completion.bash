@@ -32,7 +32,8 @@ _bnfold() {
     --format) COMPREPLY=($(compgen -W "text json ndjson github" -- "$cur")); return ;;
     --fail-on)
       local categories="foldable-bn training-bn unfoldable-bn kept-bn bias-add scale-fold decomposable-bn
-                        other-rewrite invalid-model all none"
+                        other-rewrite unsorted-graph input-defaults weight-quant-gap verify-failed invalid-model
+                        all none"
       # A comma list: complete the part after the last comma.
       local done_part="" last="$cur"
       if [[ "$cur" == *,* ]]; then done_part="${cur%,*},"; last="${cur##*,}"; fi
@@ -64,7 +65,8 @@ _bnfold() {
   if [[ "$cur" == -* ]]; then
     local opts
     case "$command" in
-      info) opts="--json -h --help" ;;
+      info) opts="--json --weights --rules --keep --keep-op --input-defaults-are-constant --freeze-train-bn
+                  --max-constant-size -h --help" ;;
       fold) opts="-o --output --report --out-dir --report-dir --in-place --backup-suffix --dry-run -j --jobs $rule_opts -h --help" ;;
       check) opts="--format --fail-on -j --jobs $rule_opts -h --help" ;;
     esac
