@@ -78,6 +78,11 @@ std::string stateText(const std::optional<LayerWeightQuant>& layer, const CellWi
 }
 
 void printWeightsText(const WeightQuantSummary& summary) {
+  if (summary.layers.empty()) {
+    std::cout << "  weights: no Conv, ConvTranspose, Gemm or MatMul with a constant floating weight (initializers "
+                 "that are also graph inputs count only with --input-defaults-are-constant)\n";
+    return;
+  }
   std::size_t nameWidth = 5, opWidth = 2;
   CellWidths widths;
   for (const auto& row : summary.layers) {

@@ -48,17 +48,23 @@ LayerLeftOff leftOffReason(const LayerWeightQuant& layer, const Node* node, cons
     }
   for (const auto& entry : report.section("equalized"))
     if (stringField(entry, "layer1") == layer.node) {
-      leftOff.reason = "equalized-still-off";
+      leftOff.reason = kLeftOffEqualizedStillOff;
       leftOff.message = "equalized with " + quoted(stringField(entry, "layer2")) + ", still " +
                         formatDecibels(layer.gapDb) + " dB below per channel";
       return leftOff;
     }
-  if (node && context.isKept(*node)) {
-    leftOff.reason = reason::kKeptByUser.str();
-    leftOff.message = "layer " + quoted(layer.node) + " is kept by --keep or --keep-op";
-    return leftOff;
+  // Equalize records no entry for a layer it quietly passes by (read by a pool, kept by the user, ...): ask its
+  // match why. A layer inside a chain is matched with the chain's first layer and says only that.
+  const Rule* equalize = findRule("equalize");
+  if (node && equalize) {
+    const MatchResult result = context.match(*equalize, *node);
+    if (!result.matched() && result.failure().code != reason::kNoFoldableLayer) {
+      leftOff.reason = result.failure().code.str();
+      leftOff.message = result.failure().message;
+      return leftOff;
+    }
   }
-  leftOff.reason = "no-link";
+  leftOff.reason = kLeftOffNoLink;
   leftOff.message = "no layer after it could take its output channels' scales: " +
                     (node ? readersText(*node) : std::string("the layer is gone"));
   return leftOff;

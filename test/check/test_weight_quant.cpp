@@ -198,17 +198,66 @@ TEST_CASE("weight quant: a layer that equalization repairs is not left off", "[w
   CHECK(json["layers"][0]["folded"]["gap_db"].get<double>() == Approx(conv1.folded->gapDb));
 }
 
-TEST_CASE("weight quant: a layer whose output no layer reads is left off with no-link", "[weight-quant]") {
-  std::string text = (twoLayerModel("Relu", 1.0));
-  // The first Conv's BN output goes to a pool: there is no second layer to equalize with.
+TEST_CASE("weight quant: a layer read by a pool is left off with equalize's reason for it", "[weight-quant]") {
+  std::string text = twoLayerModel("Relu", 1.0);
+  // The first Conv's BN output goes to a pool: there is no second layer to equalize with, and equalize says so
+  // quietly (no not_equalized entry); its match gives the reason.
   text.replace(text.find("a1 = Relu(n1)"), 13, "a1 = GlobalAveragePool(n1)");
   text.replace(text.find("float[1,4,4,4] y"), 16, "float[1,4,1,1] y");
   auto model = bnfold::test::parseModel(text);
   const auto summary = bnfold::summarizeWeightQuant(*model, defaultOptions());
   REQUIRE(summary.leftOff.size() == 1);
   CHECK(summary.leftOff[0].node == "Conv_0");
-  CHECK(summary.leftOff[0].reason == "no-link");
+  CHECK(summary.leftOff[0].reason == "reader-not-layer");
   CHECK_THAT(summary.leftOff[0].message, Catch::Contains("GlobalAveragePool"));
+}
+
+TEST_CASE("weight quant: the last layer of a chain with nothing after it is left off with no-link",
+          "[weight-quant]") {
+  // Conv_0 -> Relu -> Conv_1 -> BN (gamma 100 on channel 0) -> GlobalAveragePool: Conv_1 is equalized with
+  // Conv_0 on its input channels, and nothing after it can take its output channels' scales.
+  // Each output channel of Conv_1 reads two input channels, with plainWeights' two values.
+  std::vector<double> gamma(kChannels, 1.0), w1(kChannels * kChannels, 0.0);
+  gamma[0] = 100;
+  const std::vector<double> pairs = plainWeights(kChannels);
+  for (int o = 0; o < kChannels; ++o) {
+    w1[o * kChannels + o] = pairs[2 * o];
+    w1[o * kChannels + (o + 1) % kChannels] = pairs[2 * o + 1];
+  }
+  const std::string c = std::to_string(kChannels);
+  auto model = bnfold::test::parseModel(
+      "<ir_version: 8, opset_import: [\"\" : 14]>\n"
+      "m (float[1,2,4,4] x) => (float[1," + c + ",1,1] y)\n"
+      "<float[" + c + ",2,1,1] w0 = {" + listText(plainWeights(kChannels)) + "}, float[" + c + "," + c +
+      ",1,1] w1 = {" + listText(w1) + "}, float[" + c + "] s = {" + listText(gamma) + "}, float[" + c + "] b = {" +
+      listText(std::vector<double>(kChannels, 0.1)) + "}, float[" + c + "] m = {" +
+      listText(std::vector<double>(kChannels, 0.0)) + "}, float[" + c + "] v = {" +
+      listText(std::vector<double>(kChannels, 1.0)) + "}>\n"
+      "{\n"
+      "  c0 = Conv <kernel_shape = [1, 1]> (x, w0)\n"
+      "  a0 = Relu(c0)\n"
+      "  c1 = Conv <kernel_shape = [1, 1]> (a0, w1)\n"
+      "  n1 = BatchNormalization (c1, s, b, m, v)\n"
+      "  y = GlobalAveragePool(n1)\n"
+      "}\n");
+  const auto summary = bnfold::summarizeWeightQuant(*model, defaultOptions());
+  REQUIRE(row(summary, "Conv_1").folded);
+  CHECK(row(summary, "Conv_1").folded->gapDb > bnfold::kWeightQuantGapLimitDb);
+  bool conv1Listed = false;
+  for (const auto& layer : summary.leftOff) {
+    INFO(layer.node << ": " << layer.reason << ": " << layer.message);
+    if (layer.node == "Conv_1") {
+      conv1Listed = true;
+      CHECK(layer.reason == bnfold::kLeftOffNoLink);
+      CHECK_THAT(layer.message, Catch::Contains("'GlobalAveragePool_0' (GlobalAveragePool)"));
+    } else {
+      // Equalizing the link moves range into Conv_0's output channels; if that leaves it off, it says so.
+      CHECK(layer.node == "Conv_0");
+      CHECK(layer.reason == bnfold::kLeftOffEqualizedStillOff);
+      CHECK_THAT(layer.message, Catch::Contains("equalized with 'Conv_1'"));
+    }
+  }
+  CHECK(conv1Listed);
 }
 
 TEST_CASE("weight quant: --rules and --keep steer the in-memory fold", "[weight-quant]") {

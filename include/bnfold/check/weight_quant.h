@@ -43,15 +43,21 @@ struct LayerWeightQuant {
 /// `options` (Constant nodes and constant chains count, as for the rules; --keep does not hide a layer).
 std::vector<LayerWeightQuant> layerWeightQuant(Model& model, const RuleOptions& options);
 
+/// LayerLeftOff::reason for a layer whose output channels equalize did scale, not enough.
+inline constexpr const char* kLeftOffEqualizedStillOff = "equalized-still-off";
+/// LayerLeftOff::reason for a layer equalize gives no reason for (inside a chain, with nothing after it that
+/// takes its scales); the message names what reads its output.
+inline constexpr const char* kLeftOffNoLink = "no-link";
+
 /// A layer still more than kWeightQuantGapLimitDb off after equalization, and why equalize did not reach it.
 struct LayerLeftOff {
   std::string node;
   std::string op;
   std::string graph;
   double gapDb = 0;
-  /// The reason code of equalize's `not_equalized` entry for the layer (residual-add, non-homogeneous-activation,
-  /// not-improving, ...); else kept-by-user for a layer --keep protects, equalized-still-off for a layer whose
-  /// output channels equalize did scale, and no-link when nothing after the layer can take its scales.
+  /// Why: the reason code of equalize's `not_equalized` entry for the layer (residual-add,
+  /// non-homogeneous-activation, not-improving, ...), else of its match at the layer when that names one
+  /// (reader-not-layer, kept-by-user, ...); else kLeftOffEqualizedStillOff or kLeftOffNoLink.
   std::string reason;
   std::string message;  ///< one line for people
 };
