@@ -337,6 +337,95 @@ TEST_CASE("equalize: off by default, enabled by fold --equalize", "[equalize][cl
   CHECK(comparison.ok);
 }
 
+TEST_CASE("equalize: MatMul -> Relu -> Gemm", "[equalize]") {
+  // MatMul W [K, N]: output channel = column.
+  auto model = parseModel(header() + R"(g (float[3,5] x) => (float[3,4] y)
+<)" + tensorText("float", "w1", {5, 7}, spread({5, 7}, 110.0, columnChannel(7))) +
+                          ", " + floats("w2", {7, 4}, 111.0) + ", " + floats("c2", {4}, 112.0) + R"(>
+{
+  m1 = MatMul (x, w1)
+  r1 = Relu (m1)
+  y = Gemm (r1, w2, c2)
+}
+)");
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == "MatMul,Relu,Gemm");
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = section(outcome.report, "equalized")[0];
+  CHECK(entry["op"] == "MatMul");
+  CHECK(entry["layer2"] == findNode(model->graph(), "Gemm")->name());
+}
+
+TEST_CASE("equalize: a link with no activation between the layers", "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[1,3,6,6] x) => (float[1,4,6,6] y)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 120.0) +
+                          ", " + floats("b1", {8}, 121.0) + ", " + floats("w2", {4, 8, 1, 1}, 122.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  y = Conv (c1, w2)
+}
+)");
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == "Conv,Conv");
+  checkEqualizedLinks(outcome.report, 1);
+  CHECK(section(outcome.report, "equalized")[0]["activation"].is_null());
+}
+
+TEST_CASE("equalize: double weights", "[equalize]") {
+  // ONNX Runtime has double Gemm and Relu kernels (no double Conv).
+  auto model = parseModelAs(header() + R"(g (float[2,5] x) => (float[2,3] y)
+<)" + rowSpread("w1", {6, 5}, 130.0) + ", " + floats("b1", {6}, 131.0) + ", " +
+                                floats("w2", {6, 3}, 132.0) + ", " + floats("b2", {3}, 133.0) + R"(>
+{
+  g1 = Gemm <transB = 1> (x, w1, b1)
+  r1 = Relu (g1)
+  y = Gemm (r1, w2, b2)
+}
+)",
+                            onnx::TensorProto::DOUBLE);
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, 1e-12, 1e-12);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 1);
+  const Node* gemm1 = findNode(model->graph(), "Gemm");
+  CHECK(gemm1->input(1)->constantTensor()->dataType() == DataType::Double);
+  CHECK(gemm1->input(2)->constantTensor()->dataType() == DataType::Double);
+}
+
+TEST_CASE("equalize: bfloat16 weights are computed in double and rounded once", "[equalize]") {
+  // ONNX Runtime's CPU provider has no bfloat16 Gemm: --verify (applyRules) and the weights themselves show it.
+  auto model = parseModelAs(header() + R"(g (float[2,5] x) => (float[2,3] y)
+<)" + rowSpread("w1", {6, 5}, 140.0) + ", " + floats("b1", {6}, 141.0) + ", " +
+                                floats("w2", {6, 3}, 142.0) + R"(>
+{
+  g1 = Gemm <transB = 1> (x, w1, b1)
+  r1 = Relu (g1)
+  y = Gemm (r1, w2)
+}
+)",
+                            onnx::TensorProto::BFLOAT16);
+  const auto w1 = initializerValues(*model, "w1");
+  const auto b1 = initializerValues(*model, "b1");
+  const auto w2 = initializerValues(*model, "w2");
+  const Report report = applyRules(*model, {"equalize"});
+  checkEqualizedLinks(report, 1);
+  const auto& scales = section(report, "equalized")[0]["scales"];
+  std::vector<double> inverse;
+  for (const auto& s : scales) inverse.push_back(1.0 / s.get<double>());
+  std::vector<double> forward;
+  for (const auto& s : scales) forward.push_back(s.get<double>());
+  const Node* gemm1 = findNode(model->graph(), "Gemm");
+  const Node* gemm2 = findNodeByName(*model, section(report, "equalized")[0]["layer2"].get<std::string>());
+  REQUIRE(gemm2);
+  for (const Value* value : {gemm1->input(1), gemm1->input(2), gemm2->input(1)})
+    CHECK(value->constantTensor()->dataType() == DataType::BFloat16);
+  // Half a bfloat16 ulp is 2^-8 relative.
+  checkClose(initializerValues(*model, gemm1->input(1)->name()), scaledBy(w1, inverse, rowChannel(5)), 1.0 / 256);
+  checkClose(initializerValues(*model, gemm1->input(2)->name()), scaledBy(b1, inverse, rowChannel(1)), 1.0 / 256);
+  checkClose(initializerValues(*model, gemm2->input(1)->name()), scaledBy(w2, forward, rowChannel(3)), 1.0 / 256);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Blockers: each link left alone has a not_equalized entry with its reason code, and the model is unchanged.
 
@@ -415,4 +504,53 @@ TEST_CASE("equalize blocker: scales that would not lower the int8 error", "[equa
 )";
   const auto entry = leftAlone(text, "Conv_0");
   CHECK(entry["reason"] == "not-improving");
+}
+
+TEST_CASE("equalize blocker: an output that is also a graph output or read by a non-layer too", "[equalize]") {
+  const std::string graphOutput = header() + R"(g (float[1,3,6,6] x) => (float[1,8,6,6] y, float[1,8,6,6] r1)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 100.0) + ", " + floats("w2", {8, 8, 1, 1}, 101.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  y = Conv (r1, w2)
+}
+)";
+  CHECK(leftAlone(graphOutput, "Conv_0")["reason"] == "layer-has-other-consumers");
+  CHECK(leftAlone(pairWith("  r1 = Relu (c1)\n  c2 = Conv (r1, w2)\n  p1 = MaxPool <kernel_shape = [1,1]> (r1)\n"
+                           "  y = Mul (c2, p1)"),
+                  "Conv_0")["reason"] == "layer-has-other-consumers");
+}
+
+TEST_CASE("equalize blocker: channels on another axis than the next layer reads", "[equalize]") {
+  // Conv's channels are axis 1; MatMul reads the last axis.
+  const std::string convToMatMul = header() + R"(g (float[1,3,6,6] x) => (float[1,8,6,4] y)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 150.0) + ", " + floats("w2", {6, 4}, 151.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  y = MatMul (r1, w2)
+}
+)";
+  CHECK(leftAlone(convToMatMul, "Conv_0")["reason"] == "channel-axis-mismatch");
+  // Gemm with transA reads its input's rows as features.
+  const std::string transA = header() + R"(g (float[2,5] x) => (float[5,3] y)
+<)" + rowSpread("w1", {5, 5}, 152.0) + ", " + floats("w2", {2, 3}, 153.0) + R"(>
+{
+  g1 = Gemm (x, w1)
+  r1 = Relu (g1)
+  y = Gemm <transA = 1> (r1, w2)
+}
+)";
+  CHECK(leftAlone(transA, "Gemm_0")["reason"] == "channel-axis-mismatch");
+}
+
+TEST_CASE("equalize blocker: an activation kept by the user", "[equalize]") {
+  auto model = parseModel(pairWith("  r1 = Relu (c1)\n  y = Conv (r1, w2)"));
+  RuleOptions options;
+  options.keepOps = {"Relu"};
+  const Report report = applyRules(*model, {"equalize"}, options);
+  CHECK(section(report, "equalized").empty());
+  CHECK(report.rewriteCount() == 0);
+  REQUIRE(section(report, "not_equalized").size() == 1);
+  CHECK(section(report, "not_equalized")[0]["reason"] == "kept-by-user");
 }
