@@ -554,3 +554,313 @@ TEST_CASE("equalize blocker: an activation kept by the user", "[equalize]") {
   REQUIRE(section(report, "not_equalized").size() == 1);
   CHECK(section(report, "not_equalized")[0]["reason"] == "kept-by-user");
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Junctions: a fan-out to several layers, a Concat of several layers, a Conv read through a Flatten.
+
+namespace {
+
+/// max |w| per channel, channelOf(flat index) < channels.
+std::vector<double> channelMax(const std::vector<double>& weights, std::size_t channels,
+                               const std::function<std::size_t(std::size_t)>& channelOf) {
+  std::vector<double> ranges(channels, 0.0);
+  for (std::size_t i = 0; i < weights.size(); ++i)
+    ranges[channelOf(i)] = std::max(ranges[channelOf(i)], std::abs(weights[i]));
+  return ranges;
+}
+
+/// Conv weight [M, C, k...]: the input channel of a flat index.
+std::function<std::size_t(std::size_t)> convInputChannel(const std::vector<int64_t>& dims) {
+  const std::size_t kernel = product(dims, 2), channels = static_cast<std::size_t>(dims[1]);
+  return [=](std::size_t i) { return (i / kernel) % channels; };
+}
+
+const nlohmann::json& junctionEntry(const Report& report, const std::string& link) {
+  for (const auto& entry : section(report, "equalized"))
+    if (entry.value("link", "") == link) return entry;
+  FAIL("no " << link << " entry in " << section(report, "equalized").dump());
+  static const nlohmann::json none;
+  return none;
+}
+
+std::vector<double> numbersOf(const nlohmann::json& array) {
+  std::vector<double> out;
+  for (const auto& v : array) out.push_back(v.get<double>());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("equalize: a fan-out to two Conv layers takes one scale from r1 and the larger reader range",
+          "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[1,3,6,6] x) => (float[1,4,6,6] ya, float[1,5,6,6] yb)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 160.0) +
+                          ", " + floats("b1", {8}, 161.0) + ", " + floats("wa", {4, 8, 1, 1}, 162.0) + ", " +
+                          floats("wb", {5, 8, 3, 3}, 163.0) + ", " + floats("bb", {5}, 164.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  r1 = Relu (c1)
+  ya = Conv (r1, wa)
+  yb = Conv <pads = [1,1,1,1]> (r1, wb, bb)
+}
+)");
+  const auto r1 = channelMax(initializerValues(*model, "w1"), 8, convChannel({8, 3, 3, 3}));
+  const auto ra = channelMax(initializerValues(*model, "wa"), 8, convInputChannel({4, 8, 1, 1}));
+  const auto rb = channelMax(initializerValues(*model, "wb"), 8, convInputChannel({5, 8, 3, 3}));
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == "Conv,Relu,Conv,Conv");
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "fan-out");
+  CHECK(entry["layer1"] == "Conv_0");
+  CHECK(entry["activation"] == "Relu");
+  REQUIRE(entry["readers"].size() == 2);
+  CHECK(entry["readers"][0]["layer"] == "Conv_1");
+  CHECK(entry["readers"][1]["layer"] == "Conv_2");
+  for (std::size_t i = 0; i < 8; ++i)
+    CHECK(entry["scales"][i].get<double>() == Approx(std::sqrt(r1[i] / std::max(ra[i], rb[i]))).epsilon(1e-6));
+  // Both readers and the producer got new weights; the other reader's ranges stay at or below the equal level.
+  for (const char* name : {"Conv_0", "Conv_1", "Conv_2"}) {
+    const Node* node = findNodeByName(*model, name);
+    REQUIRE(node);
+    CHECK(node->input(1)->name().find("_equalized") != std::string::npos);
+  }
+  const auto scales = numbersOf(entry["scales"]);
+  for (std::size_t i = 0; i < 8; ++i) {
+    CHECK(ra[i] * scales[i] <= entry["ranges_after"]["layer1_output"][i].get<double>() * (1 + 1e-6));
+    CHECK(rb[i] * scales[i] <= entry["ranges_after"]["layer1_output"][i].get<double>() * (1 + 1e-6));
+  }
+}
+
+TEST_CASE("equalize: a chain whose last layer fans out, and a reader that heads its own chain", "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[2,5] x) => (float[2,3] ya, float[2,4] yb)
+<)" + rowSpread("w0", {6, 5}, 170.0) + ", " + floats("b0", {6}, 171.0) + ", " +
+                          rowSpread("w1", {7, 6}, 172.0) + ", " + floats("b1", {7}, 173.0) + ", " +
+                          floats("wa", {7, 3}, 174.0) + ", " + rowSpread("wb", {6, 7}, 175.0) + ", " +
+                          floats("wc", {6, 4}, 176.0) + R"(>
+{
+  g0 = Gemm <transB = 1> (x, w0, b0)
+  r0 = Relu (g0)
+  g1 = Gemm <transB = 1> (r0, w1, b1)
+  r1 = LeakyRelu <alpha = 0.2> (g1)
+  ya = MatMul (r1, wa)
+  gb = Gemm <transB = 1> (r1, wb)
+  rb = Relu (gb)
+  yb = MatMul (rb, wc)
+}
+)");
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 3);
+  const auto& entries = section(outcome.report, "equalized");
+  CHECK(entries[0]["layer1"] == "Gemm_0");  // the chain Gemm_0 -> Gemm_1
+  CHECK(entries[1]["link"] == "fan-out");   // Gemm_1 -> {MatMul_0, Gemm_2}
+  CHECK(entries[1]["layer1"] == "Gemm_1");
+  CHECK(entries[1]["activation"] == "LeakyRelu");
+  CHECK(entries[2]["layer1"] == "Gemm_2");  // the reader's own chain Gemm_2 -> MatMul_1
+  CHECK(entries[2]["layer2"] == "MatMul_1");
+}
+
+TEST_CASE("equalize: a Concat of two Conv layers on the channel axis read by one Conv", "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[1,3,6,6] x) => (float[1,5,6,6] y)
+<)" + rowSpread("w1", {4, 3, 3, 3}, 180.0) +
+                          ", " + floats("b1", {4}, 181.0) + ", " + rowSpread("w2", {6, 3, 1, 1}, 182.0) + ", " +
+                          floats("b2", {6}, 183.0) + ", " + floats("w3", {5, 10, 3, 3}, 184.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  r1 = Relu (c1)
+  c2 = Conv (x, w2, b2)
+  cat = Concat <axis = -3> (r1, c2)
+  y = Conv <pads = [1,1,1,1]> (cat, w3)
+}
+)");
+  auto r1 = channelMax(initializerValues(*model, "w1"), 4, convChannel({4, 3, 3, 3}));
+  const auto r2 = channelMax(initializerValues(*model, "w2"), 6, convChannel({6, 3, 1, 1}));
+  r1.insert(r1.end(), r2.begin(), r2.end());
+  const auto r3 = channelMax(initializerValues(*model, "w3"), 10, convInputChannel({5, 10, 3, 3}));
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == "Conv,Relu,Conv,Concat,Conv");
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "concat");
+  REQUIRE(entry["producers"].size() == 2);
+  CHECK(entry["producers"][0]["layer"] == "Conv_0");
+  CHECK(entry["producers"][0]["activation"] == "Relu");
+  CHECK(entry["producers"][0]["channels"] == 4);
+  CHECK(entry["producers"][1]["activation"].is_null());
+  CHECK(entry["layer2"] == "Conv_2");
+  // Each segment's channels get their own scales, against the reader's input channels at the Concat's offset.
+  for (std::size_t i = 0; i < 10; ++i)
+    CHECK(entry["scales"][i].get<double>() == Approx(std::sqrt(r1[i] / r3[i])).epsilon(1e-6));
+  CHECK(section(outcome.report, "not_equalized").empty());
+}
+
+TEST_CASE("equalize: a Concat of Gemm and MatMul outputs on the last axis read by a Gemm", "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[2,5] x) => (float[2,3] y)
+<)" + rowSpread("w1", {4, 5}, 190.0) + ", " + floats("b1", {4}, 191.0) + ", " +
+                          tensorText("float", "w2", {5, 3}, spread({5, 3}, 192.0, columnChannel(3))) + ", " +
+                          floats("slope", {3}, 193.0) + ", " + floats("w3", {3, 7}, 194.0) + R"(>
+{
+  g1 = Gemm <transB = 1> (x, w1, b1)
+  r1 = LeakyRelu <alpha = 0.1> (g1)
+  m2 = MatMul (x, w2)
+  p2 = PRelu (m2, slope)
+  cat = Concat <axis = -1> (r1, p2)
+  y = Gemm <transB = 1> (cat, w3)
+}
+)");
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "concat");
+  CHECK(entry["producers"][1]["activation"] == "PRelu");
+  CHECK(initializerValues(*model, "slope") == asFloats(sampleValues(3, 193.0)));
+}
+
+TEST_CASE("equalize: Conv -> Relu -> Flatten -> Gemm maps channel c to the input features of its block",
+          "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[1,3,4,4] x) => (float[1,5] y)
+<)" + rowSpread("w1", {6, 3, 3, 3}, 200.0) +
+                          ", " + floats("b1", {6}, 201.0) + ", " + floats("w2", {5, 96}, 202.0) + ", " +
+                          floats("b2", {5}, 203.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  r1 = Relu (c1)
+  f = Flatten (r1)
+  y = Gemm <transB = 1> (f, w2, b2)
+}
+)");
+  const auto r1 = channelMax(initializerValues(*model, "w1"), 6, convChannel({6, 3, 3, 3}));
+  // transB: w2 is [N, K], input feature k = column; channel c covers features [16c, 16c + 16).
+  const auto r2 = channelMax(initializerValues(*model, "w2"), 6, [](std::size_t i) { return (i % 96) / 16; });
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == "Conv,Relu,Flatten,Gemm");
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "flatten");
+  CHECK(entry["readers"][0]["through"] == "Flatten_0");
+  CHECK(entry["readers"][0]["features_per_channel"] == 16);
+  for (std::size_t i = 0; i < 6; ++i)
+    CHECK(entry["scales"][i].get<double>() == Approx(std::sqrt(r1[i] / r2[i])).epsilon(1e-6));
+}
+
+TEST_CASE("equalize: Conv -> Reshape [0, -1] -> MatMul", "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[2,3,3,3] x) => (float[2,4] y)
+<)" + rowSpread("w1", {5, 3, 3, 3}, 210.0) +
+                          ", " + floats("w2", {45, 4}, 211.0) + R"(, int64[2] shape = {0, -1}>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  f = Reshape (c1, shape)
+  y = MatMul (f, w2)
+}
+)");
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 1);
+  CHECK(junctionEntry(outcome.report, "flatten")["readers"][0]["features_per_channel"] == 9);
+}
+
+TEST_CASE("equalize blocker: junctions that cannot be equalized", "[equalize]") {
+  // A Concat on a spatial axis.
+  CHECK(leftAlone(header() + R"(g (float[1,3,6,6] x) => (float[1,8,12,6] y)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 220.0) + ", " + rowSpread("w2", {8, 3, 1, 1}, 221.0) + ", " +
+                      floats("w3", {8, 8, 1, 1}, 222.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  c2 = Conv (x, w2)
+  cat = Concat <axis = 2> (c1, c2)
+  y = Conv (cat, w3)
+}
+)",
+                  "Concat_0")["reason"] == "channel-axis-mismatch");
+  // A Concat input that is not a layer's output.
+  CHECK(leftAlone(header() + R"(g (float[1,3,6,6] x) => (float[1,8,6,6] y)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 223.0) + ", " + floats("w3", {8, 11, 1, 1}, 224.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  cat = Concat <axis = 1> (r1, x)
+  y = Conv (cat, w3)
+}
+)",
+                  "Concat_0")["reason"] == "no-foldable-producer");
+  // Flatten after a Conv whose spatial size is not known.
+  CHECK(leftAlone(header() + R"(g (float[1,3,H,W] x) => (float[1,5] y)
+<)" + rowSpread("w1", {6, 3, 3, 3}, 225.0) + ", " + floats("w2", {5, 96}, 226.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  f = Flatten (r1)
+  y = Gemm <transB = 1> (f, w2)
+}
+)",
+                  "Conv_0")["reason"] == "rank-unknown");
+  // Flatten that merges the batch with the channels.
+  CHECK(leftAlone(header() + R"(g (float[1,3,4,4] x) => (float[4,5] y)
+<)" + rowSpread("w1", {6, 3, 3, 3}, 227.0) + ", " + floats("w2", {5, 24}, 228.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  f = Flatten <axis = 2> (r1)
+  y = Gemm <transB = 1> (f, w2)
+}
+)",
+                  "Conv_0")["reason"] == "channel-axis-mismatch");
+  // A fan-out where one reader reads the channels on another axis.
+  CHECK(leftAlone(header() + R"(g (float[1,3,6,6] x) => (float[1,8,6,6] ya, float[1,8,6,4] yb)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 229.0) + ", " + floats("wa", {8, 8, 1, 1}, 230.0) + ", " +
+                      floats("wb", {6, 4}, 231.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  ya = Conv (r1, wa)
+  yb = MatMul (r1, wb)
+}
+)",
+                  "Conv_0")["reason"] == "channel-axis-mismatch");
+}
+
+TEST_CASE("equalize: fold --equalize --verify on a fan-out, a Concat and a Flatten; the report fits the schema",
+          "[equalize][cli]") {
+  TempDir dir;
+  auto model = parseModel(header() + R"(g (float[1,3,4,4] x) => (float[1,5] y1, float[1,6,4,4] y2)
+<)" + rowSpread("w0", {8, 3, 3, 3}, 240.0) +
+                          ", " + rowSpread("wa", {4, 8, 1, 1}, 241.0) + ", " + rowSpread("wb", {4, 8, 3, 3}, 242.0) +
+                          ", " + floats("wf", {5, 64}, 243.0) + ", " + rowSpread("wd", {6, 3, 1, 1}, 244.0) + ", " +
+                          floats("we", {6, 10, 1, 1}, 245.0) + R"(>
+{
+  c0 = Conv <pads = [1,1,1,1]> (x, w0)
+  r0 = Relu (c0)
+  ca = Conv (r0, wa)
+  cb = Conv <pads = [1,1,1,1]> (r0, wb)
+  ra = Relu (ca)
+  f = Flatten (ra)
+  y1 = Gemm <transB = 1> (f, wf)
+  rb = Relu (cb)
+  cd = Conv (x, wd)
+  cat = Concat <axis = 1> (rb, cd)
+  y2 = Conv (cat, we)
+}
+)");
+  saveModel(*model, dir.file("in.onnx"));
+  std::string err;
+  REQUIRE(runCommand(cli("fold " + dir.file("in.onnx") + " -o " + dir.file("out.onnx") +
+                         " --equalize --verify --report " + dir.file("out.json")),
+                     nullptr, &err) == 0);
+  const auto report = nlohmann::json::parse(readFile(dir.file("out.json")));
+  INFO(report.dump());
+  REQUIRE(report["equalized"].size() == 3);
+  CHECK(report["equalized"][0]["link"] == "fan-out");
+  CHECK(report["equalized"][1]["link"] == "flatten");
+  CHECK(report["equalized"][2]["link"] == "concat");
+  CHECK(report["verification"]["failed"] == 0);
+  CHECK(report["verification"]["passed"] == 3);
+  const OrtComparison comparison = compareInOrt(dir.file("in.onnx"), dir.file("out.onnx"), kTol, kTol);
+  INFO(comparison.error);
+  CHECK(comparison.ok);
+  std::string out;
+  CHECK(runCommand("/usr/bin/python3 " + sourceDir() + "/scripts/validate_report.py " + dir.file("out.json"), &out,
+                   &err) == 0);
+  INFO(out << err);
+  CHECK(out.empty());
+}
