@@ -380,7 +380,8 @@ std::variant<Junction, LinkProblem> concatJunction(const Node& concat, const Rul
     junction.channels += static_cast<std::size_t>(producer.layer.outputChannels);
     junction.producers.push_back(std::move(producer));
   }
-  if (junction.producers.empty()) return LinkProblem{describe(reason::kNoFoldableProducer, "'" + name + "' has no inputs")};
+  if (junction.producers.empty())
+    return LinkProblem{describe(reason::kNoFoldableProducer, "'" + name + "' has no inputs")};
   // The reader sees the Concat as one layer with all the producers' channels.
   AffineLayer joined = junction.producers.front().layer;
   joined.outputChannels = static_cast<int64_t>(junction.channels);
@@ -513,7 +514,8 @@ class EqualizeLayers final : public Rule {
   const char* name() const override { return "equalize"; }
   const char* summary() const override {
     return "Cross-layer equalization: rescale the channels between two layers joined by Relu/LeakyRelu/PRelu "
-           "(or nothing) so their per-tensor int8 weights lose less (off by default; fold --equalize)";
+           "(or nothing), a layer and the layers it fans out to, layers a channel-axis Concat joins, or Conv -> "
+           "Flatten -> Gemm, so their per-tensor int8 weights lose less (off by default; fold --equalize)";
   }
   std::vector<std::string> rootOps() const override { return {"Conv", "ConvTranspose", "Gemm", "MatMul", "Concat"}; }
   std::vector<OpVersions> opVersions() const override {
@@ -577,8 +579,9 @@ class EqualizeLayers final : public Rule {
     if (match->after) {
       // The junction takes the last layer as the chain leaves it.
       const AffineLayer& last = match->layers.back();
-      equalizeJunction(*match->after, {links > 0 ? kernels::equalizedWeights(match->weights, appliedScales(*match), links)
-                                                 : last.weight->toDoubles()});
+      equalizeJunction(*match->after,
+                       {links > 0 ? kernels::equalizedWeights(match->weights, appliedScales(*match), links)
+                                  : last.weight->toDoubles()});
       if (!match->after->changed && !match->after->trivial)
         refused += (refused.empty() ? "" : ", ") + std::string("'") + last.node->name() + "' -> its " +
                    match->after->kind + " readers";

@@ -820,7 +820,7 @@ TEST_CASE("equalize blocker: junctions that cannot be equalized", "[equalize]") 
                   "Conv_0")["reason"] == "channel-axis-mismatch");
 }
 
-TEST_CASE("equalize: fold --equalize --verify on a fan-out, a Concat and a Flatten; the report fits the schema",
+TEST_CASE("equalize: fold --equalize --verify on a fan-out, a Concat and a Flatten, the report in the schema",
           "[equalize][cli]") {
   TempDir dir;
   auto model = parseModel(header() + R"(g (float[1,3,4,4] x) => (float[1,5] y1, float[1,6,4,4] y2)
