@@ -864,3 +864,54 @@ TEST_CASE("equalize: fold --equalize --verify on a fan-out, a Concat and a Flatt
   INFO(out << err);
   CHECK(out.empty());
 }
+
+TEST_CASE("equalize: a second run over equalized junctions changes nothing", "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[1,3,4,4] x) => (float[1,5] yb, float[1,6,4,4] yc)
+<)" + rowSpread("w0", {8, 3, 3, 3}, 250.0) +
+                          ", " + rowSpread("wa", {4, 8, 1, 1}, 251.0) + ", " + floats("wb", {5, 128}, 252.0) + ", " +
+                          rowSpread("wd", {2, 3, 1, 1}, 253.0) + ", " + floats("wc", {6, 6, 1, 1}, 254.0) + R"(>
+{
+  c0 = Conv <pads = [1,1,1,1]> (x, w0)
+  r0 = Relu (c0)
+  ya = Conv (r0, wa)
+  f = Flatten (r0)
+  yb = Gemm <transB = 1> (f, wb)
+  ra = Relu (ya)
+  cd = Conv (x, wd)
+  cat = Concat <axis = 1> (ra, cd)
+  yc = Conv (cat, wc)
+}
+)");
+  // The fan-out has a Conv and a Flatten -> Gemm reader; the Conv is also a producer of the Concat.
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 2);
+  CHECK(junctionEntry(outcome.report, "concat")["producers"][0]["layer"] == "Conv_1");
+  const auto& fanOut = junctionEntry(outcome.report, "fan-out");
+  CHECK(fanOut["readers"][1]["through"] == "Flatten_0");
+  CHECK(fanOut["readers"][1]["features_per_channel"] == 16);
+  std::vector<std::string> weights;
+  for (const auto& node : model->graph().nodes())
+    if (node->input(1) && node->input(1)->constantTensor()) weights.push_back(node->input(1)->name());
+  const Report again = applyRules(*model, {"equalize"});
+  CHECK(again.rewriteCount() == 0);
+  CHECK(section(again, "equalized").empty());
+  std::size_t k = 0;
+  for (const auto& node : model->graph().nodes())
+    if (node->input(1) && node->input(1)->constantTensor()) CHECK(node->input(1)->name() == weights[k++]);
+}
+
+TEST_CASE("equalize blocker: a fan-out whose scales would not lower the int8 error", "[equalize]") {
+  // As for a pair: w1's rows 1 and 1/127 lie on its int8 grid, and both readers' weights are 1.
+  const std::string text = header() + R"(g (float[1,1,4,4] x) => (float[1,1,4,4] ya, float[1,1,4,4] yb)
+<float[2,1,1,1] w1 = {1, 0.00787401574803149606}, float[1,2,1,1] wa = {1, 1}, float[1,2,1,1] wb = {1, 1}>
+{
+  c1 = Conv (x, w1)
+  r1 = Relu (c1)
+  ya = Conv (r1, wa)
+  yb = Conv (r1, wb)
+}
+)";
+  const auto entry = leftAlone(text, "Conv_0");
+  CHECK(entry["reason"] == "not-improving");
+}
