@@ -27,8 +27,8 @@ void addRuleFlags(CLI::App& command, RuleFlags& flags) {
                    "Turn training-mode BatchNormalization into inference mode (changes the function)");
   command.add_flag("--equalize", flags.equalize,
                    "Cross-layer equalization after folding (same as --rules +equalize): rescale channels between "
-                   "layers joined by Relu/LeakyRelu/PRelu so per-tensor int8 weights lose less; exact in float "
-                   "(see docs/quantization.md)");
+                   "layers joined by Relu/LeakyRelu/PRelu (also a fan-out, a channel-axis Concat, Conv -> Flatten -> "
+                   "Gemm) so per-tensor int8 weights lose less; exact in float (see docs/quantization.md)");
   command.add_option("--max-constant-size", flags.maxConstantMiB,
                      "Largest result (MiB) of an op that is evaluated when a weight or BN parameter is computed from "
                      "constants (Identity, Cast, Reshape, Add(var, eps), ...)")

@@ -22,7 +22,7 @@ const std::vector<ReasonCodeInfo>& reasonCodes() {
       {kMulMayBroadcastInput, "the Mul could broadcast the layer's output to a bigger shape"},
       {kNoFoldableConsumer, "the BN's output is not read by a Conv, Gemm or MatMul it could fold into (bn-forward)"},
       {kNoFoldableLayer, "no Conv, ConvTranspose, Gemm or MatMul produces the Add's or Mul's input"},
-      {kNoFoldableProducer, "no Conv, ConvTranspose, Gemm or MatMul produces the BN's input (e.g. a Relu between)"},
+      {kNoFoldableProducer, "no Conv, ConvTranspose, Gemm or MatMul produces the BN's input (e.g. a Relu between); for equalize, a Concat's input"},
       {kNoRuleEnabled, "no enabled rule handles BatchNormalization (--rules)"},
       {kNonFiniteParams, "a BN parameter holds NaN or infinity"},
       {kNonHomogeneousActivation, "the activation between two layers is not positively homogeneous (Clip/Relu6, HardSwish, Sigmoid, ...) (equalize)"},

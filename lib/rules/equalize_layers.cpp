@@ -1,19 +1,30 @@
 // Before:     Y = L2(A(L1(X, W1, B1)), W2, B2)        A = Relu | LeakyRelu | PRelu | none, L = Conv | ConvTranspose
 //             (and longer chains L1 -> A -> L2 -> A -> L3 ...)        | Gemm | MatMul with a constant 2-D weight
-// After:      Y = L2(A(L1(X, W1', B1')), W2', B2)
+//             Junctions: Ya = La(A(L1(X))), Yb = Lb(A(L1(X))), ...                       (fan-out)
+//                        Y = G(F(A(L1(X))))   F = Flatten | Reshape to [N, C*H*W], G = Gemm | MatMul    (flatten)
+//                        Y = L(Concat(A1(L1(X1)), A2(L2(X2)), ...) on the channel axis)            (concat)
+// After:      Y = L2(A(L1(X, W1', B1')), W2', B2): the same graph with new weights and biases
 // Conditions: every layer readable as an affine layer (constant floating weight and bias, not kept); L1's output
 //             read only by A (or L2), A's only by L2 as its data input, neither a graph output; the channels
 //             on the same axis (Conv/ConvTranspose to Conv/ConvTranspose, Gemm/MatMul to Gemm (transA = 0) /
 //             MatMul) and as many of them; weights and L1's bias read by no other node, not DequantizeLinear's;
 //             the scales lower the two weights' int8 noise, per channel with one step per tensor (else the link is left).
+//             Fan-out: every reader of A's output such a layer. Flatten: L1 spatial, its dims after the channel
+//             axis known (their product is the block of G's input features per channel, layout_path.h). Concat:
+//             every input a layer's output (through its own activation) read only by the Concat, the axis the
+//             layers' channel axis, the Concat read only by L.
 // Math:       A(s z) = s A(z) for s > 0 (per-channel slopes stay with their channel), so with
 //             s_i = sqrt(r1_i / r2_i), r1_i = max|W1 feeding output channel i|, r2_i = max|W2 reading input
 //             channel i|: W1'[i] = W1[i] / s_i, B1'[i] = B1[i] / s_i, W2'[:, i] = W2[:, i] * s_i. A chain is
-//             swept link by link until the scales stop moving (kernels/equalize_math.h).
+//             swept link by link until the scales stop moving (kernels/equalize_math.h). A junction takes one pass
+//             with r2_i the largest range of channel i over its readers (kernels/equalize_junction.h).
 //
 // Rooted at the first layer of a chain (a layer no link reaches), so one match sees the whole chain and its
-// rewrite writes every new weight once. The driver runs this rule after the fold rules' fixed point
-// (Rule::runsAfterFixedPoint), so no BatchNormalization a fold would remove is left between two layers.
+// rewrite writes every new weight once; a fan-out or Flatten after the chain's last layer belongs to that match
+// (the last layer's weights take both scales). A Concat junction is rooted at the Concat, which the driver visits
+// after its producers' chains and before its reader's, each match reading the weights as the rewrites before it
+// left them. The driver runs this rule after the fold rules' fixed point (Rule::runsAfterFixedPoint), so no
+// BatchNormalization a fold would remove is left between two layers.
 
 #include <algorithm>
 #include <cmath>
@@ -23,7 +34,9 @@
 
 #include "affine_layer.h"
 #include "bnfold/rewrite/rewriter.h"
+#include "kernels/equalize_junction.h"
 #include "kernels/equalize_math.h"
+#include "layout_path.h"
 #include "rewrite/understood_ops.h"
 #include "rules.h"
 
@@ -102,35 +115,35 @@ MatchFailure readersProblem(const Value& value, const std::string& from) {
                                                "), not as the data input of a Conv, ConvTranspose, Gemm or MatMul");
 }
 
-// The layer after `first`, through at most one homogeneous activation, or why there is none to equalize with.
-std::variant<Link, LinkProblem> linkAfter(const AffineLayer& first, const RuleContext& context) {
+// Layer `first`'s output after at most one homogeneous activation that alone reads it.
+struct Carried {
+  const Node* activation = nullptr;
+  const Value* value = nullptr;
+};
+
+std::variant<Carried, LinkProblem> carriedOutput(const AffineLayer& first, const RuleContext& context) {
   const std::string& from = first.node->name();
   const Value* output = first.node->output(0);
   if (!output) return LinkProblem{describe(reason::kMissingOutput, "'" + from + "' has no output")};
-  Link link;
-  const Value* carried = output;
+  Carried carried{nullptr, output};
   if (!output->isGraphOutput() && output->uses().size() == 1 && isHomogeneousActivation(*output->uses().front().node) &&
       output->uses().front().slot == 0) {
-    link.activation = output->uses().front().node;
-    carried = link.activation->output(0);
-    if (!carried)
-      return LinkProblem{describe(reason::kMissingOutput, "'" + link.activation->name() + "' has no output")};
-    if (context.isKept(*link.activation))
-      return LinkProblem{
-          describe(reason::kKeptByUser, "activation '" + link.activation->name() + "' is kept by --keep or --keep-op")};
+    carried.activation = output->uses().front().node;
+    carried.value = carried.activation->output(0);
+    if (!carried.value)
+      return LinkProblem{describe(reason::kMissingOutput, "'" + carried.activation->name() + "' has no output")};
+    if (context.isKept(*carried.activation))
+      return LinkProblem{describe(reason::kKeptByUser,
+                                  "activation '" + carried.activation->name() + "' is kept by --keep or --keep-op")};
   }
-  const std::string& via = link.activation ? link.activation->name() : from;
-  // A layer read directly by a non-layer (a pool, a graph output) is no candidate worth a report entry; after an
-  // activation it is.
-  auto problem = [&] {
-    LinkProblem why{readersProblem(*carried, via)};
-    why.quiet = !link.activation && (why.failure.code == reason::kReaderNotLayer || carried->isGraphOutput());
-    return why;
-  };
-  if (carried->isGraphOutput() || carried->uses().size() != 1) return problem();
-  const Use& use = carried->uses().front();
-  if (!isAffineLayerOp(*use.node) || use.slot != 0) return problem();
-  const Node& second = *use.node;
+  return carried;
+}
+
+// `second` read as the layer that takes the inverse of `first`'s output scales on its input channels, `block`
+// consecutive input features per channel of `first` (more than 1 through a Flatten), or why it cannot.
+std::variant<AffineLayer, LinkProblem> readerLayer(const Node& second, const AffineLayer& first, int64_t block,
+                                                   const RuleContext& context) {
+  const std::string& from = first.node->name();
   if (second.graph() != first.node->graph())
     return LinkProblem{
         describe(reason::kLayerInOtherGraph, "'" + second.name() + "' is in another graph than '" + from + "'")};
@@ -140,23 +153,62 @@ std::variant<Link, LinkProblem> linkAfter(const AffineLayer& first, const RuleCo
   MatchFailure why;
   auto next = readAffineLayer(second, context, &why);
   if (!next) return LinkProblem{asLayerFailure(why)};
-  if (isSpatial(first) != isSpatial(*next) || (next->isGemm() && next->transA))
+  const bool sameAxis = block == 1 ? isSpatial(first) == isSpatial(*next) : isSpatial(first) && !isSpatial(*next);
+  if (!sameAxis || (next->isGemm() && next->transA))
     return LinkProblem{describe(reason::kChannelAxisMismatch, "the output channels of '" + from + "' (" +
                                                                   first.node->opType() + ") are not on the axis '" +
                                                                   second.name() + "' (" + second.opType() +
                                                                   ") reads as its input channels")};
-  if (first.outputChannels != next->inputChannels)
+  if (checkedProduct(first.outputChannels, block) != next->inputChannels)
     return LinkProblem{describe(reason::kChannelAxisMismatch,
-                                "'" + from + "' has " + std::to_string(first.outputChannels) + " output channels, '" +
-                                    second.name() + "' reads " + std::to_string(next->inputChannels))};
-  for (const Value* value : {first.weightValue, first.biasValue, next->weightValue})
+                                "'" + from + "' has " + std::to_string(first.outputChannels) + " output channels" +
+                                    (block > 1 ? " of " + std::to_string(block) + " features each" : std::string()) +
+                                    ", '" + second.name() + "' reads " + std::to_string(next->inputChannels))};
+  return std::move(*next);
+}
+
+// Why the weights a rewrite would replace cannot be: read by another node too, or a Constant the user keeps.
+std::optional<LinkProblem> weightsProblem(const std::vector<const Value*>& values, const RuleContext& context) {
+  for (const Value* value : values)
     if (sharedByOthers(value))
       return LinkProblem{describe(reason::kSharedWeights, "'" + value->name() + "' is read by " +
                                                               std::to_string(value->uses().size()) + " nodes")};
-  if (const Node* kept = keptConstantProducer(context, {first.weightValue, first.biasValue, next->weightValue}))
+  if (const Node* kept = keptConstantProducer(context, values))
     return LinkProblem{
         describe(reason::kLayerKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or --keep-op")};
-  link.next = std::move(*next);
+  return std::nullopt;
+}
+
+// A Concat that a layer's output (after its activation) feeds is equalized as a junction rooted at the Concat,
+// which says why when it cannot be.
+bool feedsConcat(const Value& value) {
+  return !value.isGraphOutput() && value.uses().size() == 1 && value.uses().front().node->isOnnxOp("Concat");
+}
+
+// The layer after `first`, through at most one homogeneous activation, or why there is none to equalize with.
+std::variant<Link, LinkProblem> linkAfter(const AffineLayer& first, const RuleContext& context) {
+  auto carriedOrProblem = carriedOutput(first, context);
+  if (auto* problem = std::get_if<LinkProblem>(&carriedOrProblem)) return std::move(*problem);
+  const Carried carried = std::get<Carried>(carriedOrProblem);
+  Link link;
+  link.activation = carried.activation;
+  const std::string& via = link.activation ? link.activation->name() : first.node->name();
+  // A layer read directly by a non-layer (a pool, a graph output) is no candidate worth a report entry; after an
+  // activation it is.
+  auto problem = [&] {
+    LinkProblem why{readersProblem(*carried.value, via)};
+    why.quiet = (!link.activation && (why.failure.code == reason::kReaderNotLayer || carried.value->isGraphOutput())) ||
+                feedsConcat(*carried.value);
+    return why;
+  };
+  if (carried.value->isGraphOutput() || carried.value->uses().size() != 1) return problem();
+  const Use& use = carried.value->uses().front();
+  if (!isAffineLayerOp(*use.node) || use.slot != 0) return problem();
+  auto next = readerLayer(*use.node, first, 1, context);
+  if (auto* failure = std::get_if<LinkProblem>(&next)) return std::move(*failure);
+  link.next = std::move(std::get<AffineLayer>(next));
+  if (auto shared = weightsProblem({first.weightValue, first.biasValue, link.next.weightValue}, context))
+    return std::move(*shared);
   return link;
 }
 
@@ -173,14 +225,193 @@ bool isReachedByLink(const Node& node, const RuleContext& context) {
   return found && found->next.node == &node;
 }
 
-struct EqualizeMatch : Match {
-  std::vector<AffineLayer> layers;
-  std::vector<const Node*> activations;  // per link
-  std::vector<kernels::ChainLayer> weights;
-  kernels::ChainScales scales;
-  std::vector<bool> changed;       // per link: kept and not trivial
-  std::optional<LinkProblem> end;  // why the chain stops after its last layer
+// A junction (kernels/equalize_junction.h): one layer read by several layers (a fan-out), one Conv read through a
+// Flatten by a Gemm/MatMul (features per channel), or several layers concatenated on the channel axis and read by
+// one layer. Each producer may have its own homogeneous activation.
+struct JunctionProducerLayer {
+  AffineLayer layer;
+  const Node* activation = nullptr;
 };
+struct JunctionReaderLayer {
+  AffineLayer layer;
+  const Node* flatten = nullptr;  // the Flatten/Reshape before a Gemm/MatMul reader, or null
+  int64_t block = 1;
+};
+struct Junction {
+  const char* kind = "";  // fan-out | flatten | concat
+  const Node* concat = nullptr;
+  std::vector<JunctionProducerLayer> producers;
+  std::vector<JunctionReaderLayer> readers;
+  std::size_t channels = 0;
+  // Filled by equalizeJunction (below), in match.
+  std::vector<kernels::JunctionProducer> producerWeights;
+  std::vector<kernels::JunctionReader> readerWeights;
+  kernels::JunctionScales scales;
+  std::vector<std::vector<double>> producersAfter, readersAfter;
+  bool trivial = true;
+  bool changed = false;
+};
+
+std::optional<LinkProblem> junctionWeightsProblem(const Junction& junction, const RuleContext& context) {
+  std::vector<const Value*> values;
+  for (const auto& producer : junction.producers) {
+    values.push_back(producer.layer.weightValue);
+    values.push_back(producer.layer.biasValue);
+  }
+  for (const auto& reader : junction.readers) values.push_back(reader.layer.weightValue);
+  return weightsProblem(values, context);
+}
+
+// The junction after `first` when its output (after its activation) is read by several layers, or through a
+// Flatten/Reshape by a Gemm/MatMul; nullopt when it is no such junction (linkAfter's reason stands).
+std::optional<std::variant<Junction, LinkProblem>> junctionAfter(const AffineLayer& first, const RuleContext& context) {
+  auto carriedOrProblem = carriedOutput(first, context);
+  if (std::holds_alternative<LinkProblem>(carriedOrProblem)) return std::nullopt;
+  const Carried carried = std::get<Carried>(carriedOrProblem);
+  const Value& value = *carried.value;
+  if (value.isGraphOutput() || value.uses().empty()) return std::nullopt;
+  const bool fanOut = value.uses().size() > 1;
+  const std::string& via = carried.activation ? carried.activation->name() : first.node->name();
+  Junction junction;
+  junction.kind = fanOut ? "fan-out" : "flatten";
+  junction.producers.push_back({first, carried.activation});
+  junction.channels = static_cast<std::size_t>(first.outputChannels);
+  for (const Use& use : value.uses()) {
+    const Node* reader = use.node;
+    JunctionReaderLayer read;
+    int slot = use.slot;
+    if (slot == 0 && (reader->isOnnxOp("Flatten") || reader->isOnnxOp("Reshape")) && isSpatial(first)) {
+      const Value* flat = reader->output(0);
+      const Node* after = flat ? soleConsumer(*flat, &slot) : nullptr;
+      if (after && slot == 0 && (after->isOnnxOp("Gemm") || after->isOnnxOp("MatMul"))) {
+        MatchFailure why;
+        auto block = featuresPerChannel(*first.node, {first.node->output(0), &value}, *reader, context, &why);
+        if (!block) return std::variant<Junction, LinkProblem>{LinkProblem{why}};
+        read.flatten = reader;
+        read.block = *block;
+        reader = after;
+      }
+    }
+    if (!isAffineLayerOp(*reader) || slot != 0) {
+      if (!fanOut) return std::nullopt;
+      return std::variant<Junction, LinkProblem>{LinkProblem{readersProblem(value, via)}};
+    }
+    auto layer = readerLayer(*reader, first, read.block, context);
+    if (auto* problem = std::get_if<LinkProblem>(&layer)) return std::variant<Junction, LinkProblem>{*problem};
+    read.layer = std::move(std::get<AffineLayer>(layer));
+    junction.readers.push_back(std::move(read));
+  }
+  if (!fanOut && !junction.readers.front().flatten) return std::nullopt;  // a plain link
+  if (auto problem = junctionWeightsProblem(junction, context)) return std::variant<Junction, LinkProblem>{*problem};
+  return std::variant<Junction, LinkProblem>{std::move(junction)};
+}
+
+// Whether `value` comes from a layer, through at most one homogeneous activation: a Concat input worth a junction.
+bool fromLayer(const Value* value) {
+  const Node* producer = value ? value->producer() : nullptr;
+  if (producer && isHomogeneousActivation(*producer) && producer->input(0)) producer = producer->input(0)->producer();
+  return producer && isAffineLayerOp(*producer);
+}
+
+// The layers a channel-axis Concat joins and the one layer that reads it, or why they cannot be equalized.
+std::variant<Junction, LinkProblem> concatJunction(const Node& concat, const RuleContext& context) {
+  Junction junction;
+  junction.kind = "concat";
+  junction.concat = &concat;
+  const std::string& name = concat.name();
+  const Value* output = concat.output(0);
+  if (!output) return LinkProblem{describe(reason::kMissingOutput, "'" + name + "' has no output")};
+  if (output->isGraphOutput() || output->uses().size() != 1 || !isAffineLayerOp(*output->uses().front().node) ||
+      output->uses().front().slot != 0)
+    return LinkProblem{readersProblem(*output, name)};
+  for (std::size_t i = 0; i < concat.inputs().size(); ++i) {
+    const Value* input = concat.input(i);
+    const std::string which = "input " + std::to_string(i) + " of '" + name + "'";
+    const Node* activation = input ? input->producer() : nullptr;
+    if (activation && isNonHomogeneousActivation(*activation) && fromLayer(activation->input(0)))
+      return LinkProblem{describe(reason::kNonHomogeneousActivation,
+                                  "'" + activation->name() + "' (" + activation->opType() + ") before '" + name +
+                                      "' is not positively homogeneous: a channel scale does not pass through it")};
+    if (!fromLayer(input))
+      return LinkProblem{describe(reason::kNoFoldableProducer,
+                                  which + " does not come from a Conv, ConvTranspose, Gemm or MatMul (through at most "
+                                          "one Relu, LeakyRelu or PRelu)")};
+    if (input->isGraphOutput() || input->uses().size() != 1)
+      return LinkProblem{
+          describe(reason::kLayerHasOtherConsumers, which + " is a graph output or read by other nodes too")};
+    JunctionProducerLayer producer;
+    const Node* node = input->producer();
+    if (node && isHomogeneousActivation(*node) && node->input(0)) {
+      producer.activation = node;
+      if (context.isKept(*node))
+        return LinkProblem{
+            describe(reason::kKeptByUser, "activation '" + node->name() + "' is kept by --keep or --keep-op")};
+      const Value* layerOutput = node->input(0);
+      if (layerOutput->isGraphOutput() || layerOutput->uses().size() != 1)
+        return LinkProblem{describe(reason::kLayerHasOtherConsumers,
+                                    "'" + layerOutput->name() + "' before '" + name + "' is read by other nodes too")};
+      node = layerOutput->producer();
+    }
+    if (node->graph() != concat.graph())
+      return LinkProblem{
+          describe(reason::kLayerInOtherGraph, "'" + node->name() + "' is in another graph than '" + name + "'")};
+    if (isQuantized(node->input(1)))
+      return LinkProblem{
+          describe(reason::kQuantizedWeights, "the weight of '" + node->name() + "' comes from DequantizeLinear")};
+    MatchFailure why;
+    auto layer = readAffineLayer(*node, context, &why);
+    if (!layer) return LinkProblem{asLayerFailure(why)};
+    const int64_t rank = isSpatial(*layer) ? static_cast<int64_t>(layer->weight->dims().size())
+                                           : (layer->isGemm() ? 2 : layer->outputRank);
+    if (rank < 1)
+      return LinkProblem{describe(reason::kRankUnknown, "the rank of the output of '" + node->name() +
+                                                            "' is not known, so the axis of '" + name +
+                                                            "' cannot be matched with its channels")};
+    int64_t axis = concat.attributeInt("axis", 1);
+    if (axis < 0) axis += rank;
+    if (axis != layer->outputChannelAxis())
+      return LinkProblem{describe(reason::kChannelAxisMismatch, "'" + name + "' joins axis " + std::to_string(axis) +
+                                                                    ", not the channel axis of '" + node->name() +
+                                                                    "' (" + node->opType() + ")")};
+    if (!junction.producers.empty() && isSpatial(*layer) != isSpatial(junction.producers.front().layer))
+      return LinkProblem{describe(reason::kChannelAxisMismatch,
+                                  "'" + name + "' joins the outputs of spatial and non-spatial layers")};
+    producer.layer = std::move(*layer);
+    junction.channels += static_cast<std::size_t>(producer.layer.outputChannels);
+    junction.producers.push_back(std::move(producer));
+  }
+  if (junction.producers.empty())
+    return LinkProblem{describe(reason::kNoFoldableProducer, "'" + name + "' has no inputs")};
+  // The reader sees the Concat as one layer with all the producers' channels.
+  AffineLayer joined = junction.producers.front().layer;
+  joined.outputChannels = static_cast<int64_t>(junction.channels);
+  auto reader = readerLayer(*output->uses().front().node, joined, 1, context);
+  if (auto* problem = std::get_if<LinkProblem>(&reader)) return *problem;
+  junction.readers.push_back({std::move(std::get<AffineLayer>(reader)), nullptr, 1});
+  if (auto problem = junctionWeightsProblem(junction, context)) return *problem;
+  return junction;
+}
+
+// The junction's scales and weights after, from the producers' weights as given (a chain may have rescaled them).
+void equalizeJunction(Junction& junction, std::vector<std::vector<double>> producerWeights) {
+  std::size_t first = 0;
+  for (std::size_t p = 0; p < junction.producers.size(); ++p) {
+    const AffineLayer& layer = junction.producers[p].layer;
+    junction.producerWeights.push_back({{layer.layout, std::move(producerWeights[p]), layer.weight->dims()}, first});
+    first += static_cast<std::size_t>(layer.outputChannels);
+  }
+  for (const JunctionReaderLayer& reader : junction.readers)
+    junction.readerWeights.push_back(
+        {{reader.layer.layout, reader.layer.weight->toDoubles(), reader.layer.weight->dims()}, reader.block});
+  junction.scales = kernels::equalizeJunction(junction.producerWeights, junction.readerWeights, junction.channels);
+  junction.trivial = largestLogScale(junction.scales.scales) < kTrivialLogScale;
+  junction.changed = junction.scales.improves && !junction.trivial;
+  if (!junction.changed) return;
+  for (const auto& producer : junction.producerWeights)
+    junction.producersAfter.push_back(kernels::scaledProducerWeights(producer, junction.scales.scales));
+  for (const auto& reader : junction.readerWeights)
+    junction.readersAfter.push_back(kernels::scaledReaderWeights(reader, junction.scales.scales));
+}
 
 nlohmann::json jsonNumbers(const std::vector<double>& values) {
   nlohmann::json out = nlohmann::json::array();
@@ -188,20 +419,114 @@ nlohmann::json jsonNumbers(const std::vector<double>& values) {
   return out;
 }
 
+// Writes the readers' new weights (and the producers', unless a chain writes them), and says what was done.
+void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& rewriter) {
+  const auto& s = junction.scales.scales;
+  if (writeProducers)
+    for (std::size_t p = 0; p < junction.producers.size(); ++p) {
+      const AffineLayer& layer = junction.producers[p].layer;
+      Value* weight = addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(), junction.producersAfter[p],
+                                scaledWeightNameHint(layer, "_equalized"));
+      rewriter.setInput(layer.node, 1, weight);
+      if (layer.biasSlot >= 0) {
+        const std::size_t first = junction.producerWeights[p].first;
+        std::vector<double> inverse(static_cast<std::size_t>(layer.outputChannels));
+        for (std::size_t i = 0; i < inverse.size(); ++i) inverse[i] = 1.0 / s[first + i];
+        if (auto bias = foldedBias(layer, {inverse, std::vector<double>(inverse.size(), 0.0)}))
+          writeBias(rewriter, layer, *bias);
+      }
+    }
+  for (std::size_t r = 0; r < junction.readers.size(); ++r) {
+    const AffineLayer& layer = junction.readers[r].layer;
+    Value* weight = addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(), junction.readersAfter[r],
+                              scaledWeightNameHint(layer, "_equalized"));
+    rewriter.setInput(layer.node, 1, weight);
+    if (junction.readers[r].flatten) rewriter.includeUnchanged(junction.readers[r].flatten);
+  }
+  for (const auto& producer : junction.producers)
+    if (producer.activation) rewriter.includeUnchanged(producer.activation);
+  if (junction.concat) rewriter.includeUnchanged(junction.concat);
+
+  nlohmann::json producers = nlohmann::json::array(), readers = nlohmann::json::array();
+  for (const auto& producer : junction.producers)
+    producers.push_back({{"layer", producer.layer.node->name()},
+                         {"activation", producer.activation ? nlohmann::json(producer.activation->opType())
+                                                            : nlohmann::json(nullptr)},
+                         {"channels", producer.layer.outputChannels}});
+  for (const auto& reader : junction.readers)
+    readers.push_back({{"layer", reader.layer.node->name()},
+                       {"through", reader.flatten ? nlohmann::json(reader.flatten->name()) : nlohmann::json(nullptr)},
+                       {"features_per_channel", reader.block}});
+  const auto& numbers = junction.scales;
+  const double before = numbers.producerErrorBefore + numbers.readerErrorBefore;
+  const AffineLayer& first = junction.producers.front().layer;
+  rewriter.record(
+      "equalized",
+      {{"node", first.node->name()},
+       {"op", first.node->opType()},
+       {"layer1", first.node->name()},
+       {"layer2", junction.readers.front().layer.node->name()},
+       {"activation", producers[0]["activation"]},
+       {"link", junction.kind},
+       {"producers", producers},
+       {"readers", readers},
+       {"scales", jsonNumbers(s)},
+       {"ranges_before",
+        {{"layer1_output", jsonNumbers(numbers.producerRanges)}, {"layer2_input", jsonNumbers(numbers.readerRanges)}}},
+       {"ranges_after",
+        {{"layer1_output",
+          jsonNumbers(kernels::junctionProducerRanges(junction.producerWeights, junction.producersAfter, s.size()))},
+         {"layer2_input",
+          jsonNumbers(kernels::junctionReaderRanges(junction.readerWeights, junction.readersAfter, s.size()))}}},
+       {"quant_error_before",
+        {{"layer1", numbers.producerErrorBefore}, {"layer2", numbers.readerErrorBefore}, {"sum", before}}},
+       {"quant_error_after",
+        {{"layer1", numbers.producerErrorAfter},
+         {"layer2", numbers.readerErrorAfter},
+         {"sum", numbers.producerErrorAfter + numbers.readerErrorAfter}}},
+       {"quant_error_without_link", before},
+       {"chain_layers", junction.producers.size() + junction.readers.size()},
+       {"sweeps", 1},
+       {"converged", true}});
+}
+
+struct EqualizeMatch : Match {
+  std::vector<AffineLayer> layers;
+  std::vector<const Node*> activations;  // per link
+  std::vector<kernels::ChainLayer> weights;
+  kernels::ChainScales scales;
+  std::vector<bool> changed;       // per link: kept and not trivial
+  std::optional<LinkProblem> end;  // why the chain stops after its last layer
+  std::optional<Junction> after;   // a fan-out or Flatten after the last layer
+  std::optional<Junction> concat;  // a match rooted at a Concat: this junction alone
+};
+
+// The chain's scales as written: 1 on every link left alone.
+std::vector<std::vector<double>> appliedScales(const EqualizeMatch& match) {
+  std::vector<std::vector<double>> applied = match.scales.scales;
+  for (std::size_t k = 0; k < applied.size(); ++k)
+    if (!match.changed[k]) std::fill(applied[k].begin(), applied[k].end(), 1.0);
+  return applied;
+}
+
 class EqualizeLayers final : public Rule {
  public:
   const char* name() const override { return "equalize"; }
   const char* summary() const override {
     return "Cross-layer equalization: rescale the channels between two layers joined by Relu/LeakyRelu/PRelu "
-           "(or nothing) so their per-tensor int8 weights lose less (off by default; fold --equalize)";
+           "(or nothing), a layer and the layers it fans out to, layers a channel-axis Concat joins, or Conv -> "
+           "Flatten -> Gemm, so their per-tensor int8 weights lose less (off by default; fold --equalize)";
   }
-  std::vector<std::string> rootOps() const override { return {"Conv", "ConvTranspose", "Gemm", "MatMul"}; }
-  std::vector<OpVersions> opVersions() const override { return joinOps(layerOps(), {kRelu, kLeakyRelu, kPRelu}); }
+  std::vector<std::string> rootOps() const override { return {"Conv", "ConvTranspose", "Gemm", "MatMul", "Concat"}; }
+  std::vector<OpVersions> opVersions() const override {
+    return joinOps(layerOps(), {kRelu, kLeakyRelu, kPRelu, kConcat, kFlatten, kReshape});
+  }
   bool enabledByDefault() const override { return false; }
   bool runsAfterFixedPoint() const override { return true; }
   const char* failureSection() const override { return "not_equalized"; }
 
   MatchResult match(const Node& root, const RuleContext& context) const override {
+    if (root.isOnnxOp("Concat")) return matchConcat(root, context);
     if (isQuantized(root.input(1)))
       return MatchResult::failure(reason::kQuantizedWeights,
                                   "the weight of '" + root.name() + "' comes from DequantizeLinear");
@@ -224,24 +549,45 @@ class EqualizeLayers final : public Rule {
       match->activations.push_back(found.activation);
       match->layers.push_back(std::move(found.next));
     }
-    if (match->layers.size() == 1)
+    if (auto junction = junctionAfter(match->layers.back(), context)) {
+      if (auto* problem = std::get_if<LinkProblem>(&*junction)) {
+        match->end = std::move(*problem);
+      } else {
+        match->after = std::move(std::get<Junction>(*junction));
+        match->end.reset();
+      }
+    }
+    if (match->layers.size() == 1 && !match->after)
       return match->end->quiet ? MatchResult::quietFailure(match->end->failure.code, match->end->failure.message)
                                : MatchResult::failure(match->end->failure.code, match->end->failure.message);
 
-    for (const AffineLayer& layer : match->layers)
-      match->weights.push_back({layer.layout, layer.weight->toDoubles(), layer.weight->dims()});
     const std::size_t links = match->activations.size();
-    match->scales = kernels::equalizeChain(match->weights, std::vector<bool>(links, true));
-    match->changed.assign(links, false);
     std::string refused;
-    for (std::size_t k = 0; k < links; ++k) {
-      const bool trivial = largestLogScale(match->scales.proposed[k]) < kTrivialLogScale;
-      match->changed[k] = match->scales.kept[k] && !trivial;
-      if (!match->scales.kept[k] && !trivial)
-        refused += (refused.empty() ? "" : ", ") + std::string("'") + match->layers[k].node->name() + "' -> '" +
-                   match->layers[k + 1].node->name() + "'";
+    if (links > 0) {
+      for (const AffineLayer& layer : match->layers)
+        match->weights.push_back({layer.layout, layer.weight->toDoubles(), layer.weight->dims()});
+      match->scales = kernels::equalizeChain(match->weights, std::vector<bool>(links, true));
+      match->changed.assign(links, false);
+      for (std::size_t k = 0; k < links; ++k) {
+        const bool trivial = largestLogScale(match->scales.proposed[k]) < kTrivialLogScale;
+        match->changed[k] = match->scales.kept[k] && !trivial;
+        if (!match->scales.kept[k] && !trivial)
+          refused += (refused.empty() ? "" : ", ") + std::string("'") + match->layers[k].node->name() + "' -> '" +
+                     match->layers[k + 1].node->name() + "'";
+      }
     }
-    if (std::find(match->changed.begin(), match->changed.end(), true) == match->changed.end()) {
+    if (match->after) {
+      // The junction takes the last layer as the chain leaves it.
+      const AffineLayer& last = match->layers.back();
+      equalizeJunction(*match->after,
+                       {links > 0 ? kernels::equalizedWeights(match->weights, appliedScales(*match), links)
+                                  : last.weight->toDoubles()});
+      if (!match->after->changed && !match->after->trivial)
+        refused += (refused.empty() ? "" : ", ") + std::string("'") + last.node->name() + "' -> its " +
+                   match->after->kind + " readers";
+    }
+    const bool junctionChanged = match->after && match->after->changed;
+    if (!junctionChanged && std::find(match->changed.begin(), match->changed.end(), true) == match->changed.end()) {
       if (!refused.empty())
         return MatchResult::failure(reason::kNotImproving, "equalizing " + refused +
                                                                " would not lower the per-tensor "
@@ -254,24 +600,30 @@ class EqualizeLayers final : public Rule {
 
   void rewrite(Match& base, Rewriter& rewriter) const override {
     auto& match = static_cast<EqualizeMatch&>(base);
+    if (match.concat) {
+      rewriteJunction(*match.concat, true, rewriter);
+      return;
+    }
     const std::size_t links = match.activations.size();
-    // The scales as written: 1 on every link left alone.
-    std::vector<std::vector<double>> applied = match.scales.scales;
-    for (std::size_t k = 0; k < links; ++k)
-      if (!match.changed[k]) std::fill(applied[k].begin(), applied[k].end(), 1.0);
+    const std::vector<std::vector<double>> applied = appliedScales(match);
+    const bool junctionChanged = match.after && match.after->changed;
     std::vector<std::vector<double>> after(match.layers.size());
     for (std::size_t k = 0; k < match.layers.size(); ++k) {
       const bool scalesOutput = k < links && match.changed[k];
       const bool scalesInput = k > 0 && match.changed[k - 1];
-      if (!scalesOutput && !scalesInput) continue;
+      // The last layer's output channels take the junction's scales on top of the chain's.
+      const bool junctionOutput = k == links && junctionChanged;
+      if (!scalesOutput && !scalesInput && !junctionOutput) continue;
       const AffineLayer& layer = match.layers[k];
-      after[k] = kernels::equalizedWeights(match.weights, applied, k);
-      Value* weight = addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(), after[k],
+      if (scalesOutput || scalesInput) after[k] = kernels::equalizedWeights(match.weights, applied, k);
+      Value* weight = addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(),
+                                junctionOutput ? match.after->producersAfter.front() : after[k],
                                 scaledWeightNameHint(layer, "_equalized"));
       rewriter.setInput(layer.node, 1, weight);
-      if (scalesOutput && layer.biasSlot >= 0) {
-        std::vector<double> inverse(applied[k].size());
-        for (std::size_t i = 0; i < inverse.size(); ++i) inverse[i] = 1.0 / applied[k][i];
+      if ((scalesOutput || junctionOutput) && layer.biasSlot >= 0) {
+        const std::vector<double>& outputScales = junctionOutput ? match.after->scales.scales : applied[k];
+        std::vector<double> inverse(outputScales.size());
+        for (std::size_t i = 0; i < inverse.size(); ++i) inverse[i] = 1.0 / outputScales[i];
         if (auto bias = foldedBias(layer, {inverse, std::vector<double>(inverse.size(), 0.0)}))
           writeBias(rewriter, layer, *bias);
       }
@@ -334,11 +686,44 @@ class EqualizeLayers final : public Rule {
                        {"sweeps", match.scales.sweeps},
                        {"converged", match.scales.converged}});
     }
+    if (junctionChanged) rewriteJunction(*match.after, false, rewriter);
+    if (match.after && !match.after->changed && !match.after->trivial)
+      rewriter.record("not_equalized", {{"node", match.layers.back().node->name()},
+                                        {"op", match.layers.back().node->opType()},
+                                        {"next", match.after->readers.front().layer.node->name()},
+                                        {"reason", reason::kNotImproving.str()},
+                                        {"message", std::string("the scales of the ") + match.after->kind +
+                                                        " would not lower the per-tensor int8 weight error"},
+                                        {"scales", jsonNumbers(match.after->scales.scales)}});
     if (match.end && !match.end->quiet)
       rewriter.record("not_equalized", {{"node", match.layers.back().node->name()},
                                         {"op", match.layers.back().node->opType()},
                                         {"reason", match.end->failure.code.str()},
                                         {"message", match.end->failure.message}});
+  }
+
+ private:
+  static MatchResult matchConcat(const Node& concat, const RuleContext& context) {
+    if (!std::any_of(concat.inputs().begin(), concat.inputs().end(), fromLayer))
+      return MatchResult::quietFailure(reason::kNoFoldableProducer, "no input of '" + concat.name() +
+                                                                        "' comes from a layer");
+    auto junction = concatJunction(concat, context);
+    if (auto* problem = std::get_if<LinkProblem>(&junction))
+      return MatchResult::failure(problem->failure.code, problem->failure.message);
+    auto match = std::make_unique<EqualizeMatch>();
+    match->concat = std::move(std::get<Junction>(junction));
+    Junction& found = *match->concat;
+    std::vector<std::vector<double>> producerWeights;
+    for (const auto& producer : found.producers) producerWeights.push_back(producer.layer.weight->toDoubles());
+    equalizeJunction(found, std::move(producerWeights));
+    if (found.trivial)
+      return MatchResult::quietFailure(reason::kNotImproving, "the layers '" + concat.name() +
+                                                                  "' joins are equalized already");
+    if (!found.changed)
+      return MatchResult::failure(reason::kNotImproving, "equalizing the layers '" + concat.name() + "' joins with '" +
+                                                             found.readers.front().layer.node->name() +
+                                                             "' would not lower the per-tensor int8 weight error");
+    return MatchResult::success(std::move(match));
   }
 };
 

@@ -22,6 +22,7 @@
 #include "batch_norm_params.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "kernels/forward_fold_math.h"
+#include "layout_path.h"
 #include "opset_emit.h"
 #include "rules.h"
 #include "rewrite/understood_ops.h"
@@ -98,7 +99,7 @@ class FoldBatchNormForward final : public Rule {
                                                                 describe(*flatten) + " to " + describe(*consumer) +
                                                                 ", not to the data input of a Gemm or MatMul");
       MatchFailure why;
-      auto block = featuresPerChannel(bn, *flatten, context, &why);
+      auto block = featuresPerChannel(bn, {bn.input(0), bn.output(0)}, *flatten, context, &why);
       if (!block) return MatchResult::failure(why.code, why.message);
       match->flatten = flatten;
       match->featuresPerChannel = *block;
@@ -205,43 +206,6 @@ class FoldBatchNormForward final : public Rule {
     entry.setBool("bias_created", true);
     removeBatchNorm(match, rewriter);
     rewriter.record("folds", std::move(entry));
-  }
-
-  /// How many consecutive input features of the layer one BN channel becomes through `flatten` (H*W for an NCHW
-  /// input): Flatten with axis 1, or a Reshape to [N, C*H*W] ([0, -1], [-1, C*H*W], [N, -1]).
-  static std::optional<int64_t> featuresPerChannel(const Node& bn, const Node& flatten, const RuleContext& context,
-                                                   MatchFailure* whyNot) {
-    auto shape = analysis::knownShape(*bn.input(0));
-    if (!shape) shape = analysis::knownShape(*bn.output(0));
-    if (!shape || shape->size() < 2 ||
-        std::any_of(shape->begin() + 2, shape->end(), [](int64_t d) { return d == analysis::kUnknownDim; })) {
-      *whyNot = {reason::kRankUnknown, "the dims after the channel axis of the input of " + describe(bn) +
-                                     " are not known, so the features each channel becomes after " +
-                                     describe(flatten) + " are not known"};
-      return std::nullopt;
-    }
-    const int64_t block = saturatingElementCount(std::vector<int64_t>(shape->begin() + 2, shape->end()));
-    const int64_t channels = (*shape)[1];
-    bool keepsBatch = false;
-    if (flatten.isOnnxOp("Flatten")) {
-      const int64_t axis = flatten.attributeInt("axis", 1);
-      keepsBatch = axis == 1 || axis == 1 - static_cast<int64_t>(shape->size());
-    } else if (const Tensor* target = context.constantOf(flatten.input(1))) {
-      const std::vector<int64_t> dims = target->toInt64s();
-      const bool allowZero = flatten.attributeInt("allowzero", 0) != 0;
-      const bool copiesBatch =
-          dims.size() == 2 && ((dims[0] == 0 && !allowZero) || ((*shape)[0] != analysis::kUnknownDim && dims[0] == (*shape)[0]));
-      keepsBatch = dims.size() == 2 &&
-                   ((channels != analysis::kUnknownDim && dims[1] == checkedProduct(channels, block)) ||
-                    (dims[1] == -1 && copiesBatch));
-    }
-    if (!keepsBatch) {
-      *whyNot = {reason::kChannelAxisMismatch, describe(flatten) + " does not turn the output of " + describe(bn) +
-                                              " into [batch, channels * " + std::to_string(block) +
-                                              "], so a channel is not a block of the next layer's input features"};
-      return std::nullopt;
-    }
-    return block;
   }
 };
 

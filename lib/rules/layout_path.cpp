@@ -230,4 +230,40 @@ std::optional<int64_t> mapFeatureAxis(const LayoutPath& path, int64_t rank, int6
   return state.axis;
 }
 
+std::optional<int64_t> featuresPerChannel(const Node& source, std::initializer_list<const Value*> sameShape,
+                                          const Node& flatten, const RuleContext& context, MatchFailure* whyNot) {
+  std::optional<Dims> shape;
+  for (const Value* value : sameShape)
+    if (value && !shape) shape = analysis::knownShape(*value);
+  if (!shape || shape->size() < 2 || !known(*shape, 2)) {
+    *whyNot = {reason::kRankUnknown, "the dims after the channel axis of the output of " + describe(source) +
+                                         " are not known, so the features each channel becomes after " +
+                                         describe(flatten) + " are not known"};
+    return std::nullopt;
+  }
+  const int64_t block = product(*shape, 2);
+  const int64_t channels = (*shape)[1];
+  bool keepsBatch = false;
+  if (flatten.isOnnxOp("Flatten")) {
+    const int64_t axis = flatten.attributeInt("axis", 1);
+    keepsBatch = axis == 1 || axis == 1 - static_cast<int64_t>(shape->size());
+  } else if (const Tensor* target = context.constantOf(flatten.input(1))) {
+    const std::vector<int64_t> dims = target->toInt64s();
+    const bool allowZero = flatten.attributeInt("allowzero", 0) != 0;
+    const bool copiesBatch =
+        dims.size() == 2 &&
+        ((dims[0] == 0 && !allowZero) || ((*shape)[0] != analysis::kUnknownDim && dims[0] == (*shape)[0]));
+    keepsBatch = dims.size() == 2 &&
+                 ((channels != analysis::kUnknownDim && dims[1] == checkedProduct(channels, block)) ||
+                  (dims[1] == -1 && copiesBatch));
+  }
+  if (!keepsBatch) {
+    *whyNot = {reason::kChannelAxisMismatch, describe(flatten) + " does not turn the output of " + describe(source) +
+                                                 " into [batch, channels * " + std::to_string(block) +
+                                                 "], so a channel is not a block of the next layer's input features"};
+    return std::nullopt;
+  }
+  return block;
+}
+
 }  // namespace bnfold::rules

@@ -9,6 +9,7 @@
 // path and the axis it ends on are found here, in `match`; the rewrite only folds and rewires.
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <vector>
 
@@ -39,5 +40,14 @@ std::optional<int64_t> mapFeatureAxis(const LayoutPath& path, int64_t rank, int6
 /// The first value on the path (the source's output side included) that another node reads or that is a graph
 /// output, or null. `last` is the value the path ends on (read by the node after it).
 const Value* sharedValueOnPath(const LayoutPath& path, const Value& last);
+
+/// How many consecutive input features of the layer after `flatten` one channel of its input becomes (H*W for
+/// an NCHW input), when `flatten` turns [N, C, ...] into [N, C*H*W]: Flatten with axis 1, or a Reshape to
+/// [0, -1], [-1, C*H*W] or [N, -1]. The input's shape is read from the first of `sameShape` (values of the
+/// flatten's input shape) whose shape is known; `source` (the channels' producer) names them in messages.
+/// Nullopt with `whyNot` rank-unknown when the dims after the channel axis are not known, channel-axis-mismatch
+/// when `flatten` does not give that form.
+std::optional<int64_t> featuresPerChannel(const Node& source, std::initializer_list<const Value*> sameShape,
+                                          const Node& flatten, const RuleContext& context, MatchFailure* whyNot);
 
 }  // namespace bnfold::rules

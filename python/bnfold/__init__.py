@@ -163,7 +163,8 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
     input_defaults_are_constant: treat initializers that are also graph inputs (IR >= 4) as constants.
     freeze_train_bn: turn training-mode BatchNormalization into inference mode (changes the function).
     equalize: cross-layer equalization after folding (``--equalize``, same as ``+equalize`` in rules): rescales
-        channels between layers joined by Relu/LeakyRelu/PRelu so per-tensor int8 weights lose less; exact in float.
+        channels between layers joined by Relu/LeakyRelu/PRelu (also a fan-out, a channel-axis Concat, Conv ->
+        Flatten -> Gemm) so per-tensor int8 weights lose less; exact in float.
     max_constant_size: largest result in MiB of an op evaluated while computing a weight (``--max-constant-size``).
     verify: check every rewrite numerically; a failure raises ``VerificationError`` and nothing is written.
     dry_run: run the rules and write nothing; the returned model is None.

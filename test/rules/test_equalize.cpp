@@ -337,6 +337,95 @@ TEST_CASE("equalize: off by default, enabled by fold --equalize", "[equalize][cl
   CHECK(comparison.ok);
 }
 
+TEST_CASE("equalize: MatMul -> Relu -> Gemm", "[equalize]") {
+  // MatMul W [K, N]: output channel = column.
+  auto model = parseModel(header() + R"(g (float[3,5] x) => (float[3,4] y)
+<)" + tensorText("float", "w1", {5, 7}, spread({5, 7}, 110.0, columnChannel(7))) +
+                          ", " + floats("w2", {7, 4}, 111.0) + ", " + floats("c2", {4}, 112.0) + R"(>
+{
+  m1 = MatMul (x, w1)
+  r1 = Relu (m1)
+  y = Gemm (r1, w2, c2)
+}
+)");
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == "MatMul,Relu,Gemm");
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = section(outcome.report, "equalized")[0];
+  CHECK(entry["op"] == "MatMul");
+  CHECK(entry["layer2"] == findNode(model->graph(), "Gemm")->name());
+}
+
+TEST_CASE("equalize: a link with no activation between the layers", "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[1,3,6,6] x) => (float[1,4,6,6] y)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 120.0) +
+                          ", " + floats("b1", {8}, 121.0) + ", " + floats("w2", {4, 8, 1, 1}, 122.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  y = Conv (c1, w2)
+}
+)");
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == "Conv,Conv");
+  checkEqualizedLinks(outcome.report, 1);
+  CHECK(section(outcome.report, "equalized")[0]["activation"].is_null());
+}
+
+TEST_CASE("equalize: double weights", "[equalize]") {
+  // ONNX Runtime has double Gemm and Relu kernels (no double Conv).
+  auto model = parseModelAs(header() + R"(g (float[2,5] x) => (float[2,3] y)
+<)" + rowSpread("w1", {6, 5}, 130.0) + ", " + floats("b1", {6}, 131.0) + ", " +
+                                floats("w2", {6, 3}, 132.0) + ", " + floats("b2", {3}, 133.0) + R"(>
+{
+  g1 = Gemm <transB = 1> (x, w1, b1)
+  r1 = Relu (g1)
+  y = Gemm (r1, w2, b2)
+}
+)",
+                            onnx::TensorProto::DOUBLE);
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, 1e-12, 1e-12);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 1);
+  const Node* gemm1 = findNode(model->graph(), "Gemm");
+  CHECK(gemm1->input(1)->constantTensor()->dataType() == DataType::Double);
+  CHECK(gemm1->input(2)->constantTensor()->dataType() == DataType::Double);
+}
+
+TEST_CASE("equalize: bfloat16 weights are computed in double and rounded once", "[equalize]") {
+  // ONNX Runtime's CPU provider has no bfloat16 Gemm: --verify (applyRules) and the weights themselves show it.
+  auto model = parseModelAs(header() + R"(g (float[2,5] x) => (float[2,3] y)
+<)" + rowSpread("w1", {6, 5}, 140.0) + ", " + floats("b1", {6}, 141.0) + ", " +
+                                floats("w2", {6, 3}, 142.0) + R"(>
+{
+  g1 = Gemm <transB = 1> (x, w1, b1)
+  r1 = Relu (g1)
+  y = Gemm (r1, w2)
+}
+)",
+                            onnx::TensorProto::BFLOAT16);
+  const auto w1 = initializerValues(*model, "w1");
+  const auto b1 = initializerValues(*model, "b1");
+  const auto w2 = initializerValues(*model, "w2");
+  const Report report = applyRules(*model, {"equalize"});
+  checkEqualizedLinks(report, 1);
+  const auto& scales = section(report, "equalized")[0]["scales"];
+  std::vector<double> inverse;
+  for (const auto& s : scales) inverse.push_back(1.0 / s.get<double>());
+  std::vector<double> forward;
+  for (const auto& s : scales) forward.push_back(s.get<double>());
+  const Node* gemm1 = findNode(model->graph(), "Gemm");
+  const Node* gemm2 = findNodeByName(*model, section(report, "equalized")[0]["layer2"].get<std::string>());
+  REQUIRE(gemm2);
+  for (const Value* value : {gemm1->input(1), gemm1->input(2), gemm2->input(1)})
+    CHECK(value->constantTensor()->dataType() == DataType::BFloat16);
+  // Half a bfloat16 ulp is 2^-8 relative.
+  checkClose(initializerValues(*model, gemm1->input(1)->name()), scaledBy(w1, inverse, rowChannel(5)), 1.0 / 256);
+  checkClose(initializerValues(*model, gemm1->input(2)->name()), scaledBy(b1, inverse, rowChannel(1)), 1.0 / 256);
+  checkClose(initializerValues(*model, gemm2->input(1)->name()), scaledBy(w2, forward, rowChannel(3)), 1.0 / 256);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Blockers: each link left alone has a not_equalized entry with its reason code, and the model is unchanged.
 
@@ -411,6 +500,416 @@ TEST_CASE("equalize blocker: scales that would not lower the int8 error", "[equa
   c1 = Conv (x, w1)
   r1 = Relu (c1)
   y = Conv (r1, w2)
+}
+)";
+  const auto entry = leftAlone(text, "Conv_0");
+  CHECK(entry["reason"] == "not-improving");
+}
+
+TEST_CASE("equalize blocker: an output that is also a graph output or read by a non-layer too", "[equalize]") {
+  const std::string graphOutput = header() + R"(g (float[1,3,6,6] x) => (float[1,8,6,6] y, float[1,8,6,6] r1)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 100.0) + ", " + floats("w2", {8, 8, 1, 1}, 101.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  y = Conv (r1, w2)
+}
+)";
+  CHECK(leftAlone(graphOutput, "Conv_0")["reason"] == "layer-has-other-consumers");
+  CHECK(leftAlone(pairWith("  r1 = Relu (c1)\n  c2 = Conv (r1, w2)\n  p1 = MaxPool <kernel_shape = [1,1]> (r1)\n"
+                           "  y = Mul (c2, p1)"),
+                  "Conv_0")["reason"] == "layer-has-other-consumers");
+}
+
+TEST_CASE("equalize blocker: channels on another axis than the next layer reads", "[equalize]") {
+  // Conv's channels are axis 1; MatMul reads the last axis.
+  const std::string convToMatMul = header() + R"(g (float[1,3,6,6] x) => (float[1,8,6,4] y)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 150.0) + ", " + floats("w2", {6, 4}, 151.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  y = MatMul (r1, w2)
+}
+)";
+  CHECK(leftAlone(convToMatMul, "Conv_0")["reason"] == "channel-axis-mismatch");
+  // Gemm with transA reads its input's rows as features.
+  const std::string transA = header() + R"(g (float[2,5] x) => (float[5,3] y)
+<)" + rowSpread("w1", {5, 5}, 152.0) + ", " + floats("w2", {2, 3}, 153.0) + R"(>
+{
+  g1 = Gemm (x, w1)
+  r1 = Relu (g1)
+  y = Gemm <transA = 1> (r1, w2)
+}
+)";
+  CHECK(leftAlone(transA, "Gemm_0")["reason"] == "channel-axis-mismatch");
+}
+
+TEST_CASE("equalize blocker: an activation kept by the user", "[equalize]") {
+  auto model = parseModel(pairWith("  r1 = Relu (c1)\n  y = Conv (r1, w2)"));
+  RuleOptions options;
+  options.keepOps = {"Relu"};
+  const Report report = applyRules(*model, {"equalize"}, options);
+  CHECK(section(report, "equalized").empty());
+  CHECK(report.rewriteCount() == 0);
+  REQUIRE(section(report, "not_equalized").size() == 1);
+  CHECK(section(report, "not_equalized")[0]["reason"] == "kept-by-user");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Junctions: a fan-out to several layers, a Concat of several layers, a Conv read through a Flatten.
+
+namespace {
+
+/// max |w| per channel, channelOf(flat index) < channels.
+std::vector<double> channelMax(const std::vector<double>& weights, std::size_t channels,
+                               const std::function<std::size_t(std::size_t)>& channelOf) {
+  std::vector<double> ranges(channels, 0.0);
+  for (std::size_t i = 0; i < weights.size(); ++i)
+    ranges[channelOf(i)] = std::max(ranges[channelOf(i)], std::abs(weights[i]));
+  return ranges;
+}
+
+/// Conv weight [M, C, k...]: the input channel of a flat index.
+std::function<std::size_t(std::size_t)> convInputChannel(const std::vector<int64_t>& dims) {
+  const std::size_t kernel = product(dims, 2), channels = static_cast<std::size_t>(dims[1]);
+  return [=](std::size_t i) { return (i / kernel) % channels; };
+}
+
+const nlohmann::json& junctionEntry(const Report& report, const std::string& link) {
+  for (const auto& entry : section(report, "equalized"))
+    if (entry.value("link", "") == link) return entry;
+  FAIL("no " << link << " entry in " << section(report, "equalized").dump());
+  static const nlohmann::json none;
+  return none;
+}
+
+std::vector<double> numbersOf(const nlohmann::json& array) {
+  std::vector<double> out;
+  for (const auto& v : array) out.push_back(v.get<double>());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("equalize: a fan-out to two Conv layers takes one scale from r1 and the larger reader range",
+          "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[1,3,6,6] x) => (float[1,4,6,6] ya, float[1,5,6,6] yb)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 160.0) +
+                          ", " + floats("b1", {8}, 161.0) + ", " + floats("wa", {4, 8, 1, 1}, 162.0) + ", " +
+                          floats("wb", {5, 8, 3, 3}, 163.0) + ", " + floats("bb", {5}, 164.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  r1 = Relu (c1)
+  ya = Conv (r1, wa)
+  yb = Conv <pads = [1,1,1,1]> (r1, wb, bb)
+}
+)");
+  const auto r1 = channelMax(initializerValues(*model, "w1"), 8, convChannel({8, 3, 3, 3}));
+  const auto ra = channelMax(initializerValues(*model, "wa"), 8, convInputChannel({4, 8, 1, 1}));
+  const auto rb = channelMax(initializerValues(*model, "wb"), 8, convInputChannel({5, 8, 3, 3}));
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == "Conv,Relu,Conv,Conv");
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "fan-out");
+  CHECK(entry["layer1"] == "Conv_0");
+  CHECK(entry["activation"] == "Relu");
+  REQUIRE(entry["readers"].size() == 2);
+  CHECK(entry["readers"][0]["layer"] == "Conv_1");
+  CHECK(entry["readers"][1]["layer"] == "Conv_2");
+  for (std::size_t i = 0; i < 8; ++i)
+    CHECK(entry["scales"][i].get<double>() == Approx(std::sqrt(r1[i] / std::max(ra[i], rb[i]))).epsilon(1e-6));
+  // Both readers and the producer got new weights; the other reader's ranges stay at or below the equal level.
+  for (const char* name : {"Conv_0", "Conv_1", "Conv_2"}) {
+    const Node* node = findNodeByName(*model, name);
+    REQUIRE(node);
+    CHECK(node->input(1)->name().find("_equalized") != std::string::npos);
+  }
+  const auto scales = numbersOf(entry["scales"]);
+  for (std::size_t i = 0; i < 8; ++i) {
+    CHECK(ra[i] * scales[i] <= entry["ranges_after"]["layer1_output"][i].get<double>() * (1 + 1e-6));
+    CHECK(rb[i] * scales[i] <= entry["ranges_after"]["layer1_output"][i].get<double>() * (1 + 1e-6));
+  }
+}
+
+TEST_CASE("equalize: a chain whose last layer fans out, and a reader that heads its own chain", "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[2,5] x) => (float[2,3] ya, float[2,4] yb)
+<)" + rowSpread("w0", {6, 5}, 170.0) + ", " + floats("b0", {6}, 171.0) + ", " +
+                          rowSpread("w1", {7, 6}, 172.0) + ", " + floats("b1", {7}, 173.0) + ", " +
+                          floats("wa", {7, 3}, 174.0) + ", " + rowSpread("wb", {6, 7}, 175.0) + ", " +
+                          floats("wc", {6, 4}, 176.0) + R"(>
+{
+  g0 = Gemm <transB = 1> (x, w0, b0)
+  r0 = Relu (g0)
+  g1 = Gemm <transB = 1> (r0, w1, b1)
+  r1 = LeakyRelu <alpha = 0.2> (g1)
+  ya = MatMul (r1, wa)
+  gb = Gemm <transB = 1> (r1, wb)
+  rb = Relu (gb)
+  yb = MatMul (rb, wc)
+}
+)");
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 3);
+  const auto& entries = section(outcome.report, "equalized");
+  CHECK(entries[0]["layer1"] == "Gemm_0");  // the chain Gemm_0 -> Gemm_1
+  CHECK(entries[1]["link"] == "fan-out");   // Gemm_1 -> {MatMul_0, Gemm_2}
+  CHECK(entries[1]["layer1"] == "Gemm_1");
+  CHECK(entries[1]["activation"] == "LeakyRelu");
+  CHECK(entries[2]["layer1"] == "Gemm_2");  // the reader's own chain Gemm_2 -> MatMul_1
+  CHECK(entries[2]["layer2"] == "MatMul_1");
+}
+
+TEST_CASE("equalize: a Concat of two Conv layers on the channel axis read by one Conv", "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[1,3,6,6] x) => (float[1,5,6,6] y)
+<)" + rowSpread("w1", {4, 3, 3, 3}, 180.0) +
+                          ", " + floats("b1", {4}, 181.0) + ", " + rowSpread("w2", {6, 3, 1, 1}, 182.0) + ", " +
+                          floats("b2", {6}, 183.0) + ", " + floats("w3", {5, 10, 3, 3}, 184.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  r1 = Relu (c1)
+  c2 = Conv (x, w2, b2)
+  cat = Concat <axis = -3> (r1, c2)
+  y = Conv <pads = [1,1,1,1]> (cat, w3)
+}
+)");
+  auto r1 = channelMax(initializerValues(*model, "w1"), 4, convChannel({4, 3, 3, 3}));
+  const auto r2 = channelMax(initializerValues(*model, "w2"), 6, convChannel({6, 3, 1, 1}));
+  r1.insert(r1.end(), r2.begin(), r2.end());
+  const auto r3 = channelMax(initializerValues(*model, "w3"), 10, convInputChannel({5, 10, 3, 3}));
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == "Conv,Relu,Conv,Concat,Conv");
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "concat");
+  REQUIRE(entry["producers"].size() == 2);
+  CHECK(entry["producers"][0]["layer"] == "Conv_0");
+  CHECK(entry["producers"][0]["activation"] == "Relu");
+  CHECK(entry["producers"][0]["channels"] == 4);
+  CHECK(entry["producers"][1]["activation"].is_null());
+  CHECK(entry["layer2"] == "Conv_2");
+  // Each segment's channels get their own scales, against the reader's input channels at the Concat's offset.
+  for (std::size_t i = 0; i < 10; ++i)
+    CHECK(entry["scales"][i].get<double>() == Approx(std::sqrt(r1[i] / r3[i])).epsilon(1e-6));
+  CHECK(section(outcome.report, "not_equalized").empty());
+}
+
+TEST_CASE("equalize: a Concat of Gemm and MatMul outputs on the last axis read by a Gemm", "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[2,5] x) => (float[2,3] y)
+<)" + rowSpread("w1", {4, 5}, 190.0) + ", " + floats("b1", {4}, 191.0) + ", " +
+                          tensorText("float", "w2", {5, 3}, spread({5, 3}, 192.0, columnChannel(3))) + ", " +
+                          floats("slope", {3}, 193.0) + ", " + floats("w3", {3, 7}, 194.0) + R"(>
+{
+  g1 = Gemm <transB = 1> (x, w1, b1)
+  r1 = LeakyRelu <alpha = 0.1> (g1)
+  m2 = MatMul (x, w2)
+  p2 = PRelu (m2, slope)
+  cat = Concat <axis = -1> (r1, p2)
+  y = Gemm <transB = 1> (cat, w3)
+}
+)");
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "concat");
+  CHECK(entry["producers"][1]["activation"] == "PRelu");
+  CHECK(initializerValues(*model, "slope") == asFloats(sampleValues(3, 193.0)));
+}
+
+TEST_CASE("equalize: Conv -> Relu -> Flatten -> Gemm maps channel c to the input features of its block",
+          "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[1,3,4,4] x) => (float[1,5] y)
+<)" + rowSpread("w1", {6, 3, 3, 3}, 200.0) +
+                          ", " + floats("b1", {6}, 201.0) + ", " + floats("w2", {5, 96}, 202.0) + ", " +
+                          floats("b2", {5}, 203.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  r1 = Relu (c1)
+  f = Flatten (r1)
+  y = Gemm <transB = 1> (f, w2, b2)
+}
+)");
+  const auto r1 = channelMax(initializerValues(*model, "w1"), 6, convChannel({6, 3, 3, 3}));
+  // transB: w2 is [N, K], input feature k = column; channel c covers features [16c, 16c + 16).
+  const auto r2 = channelMax(initializerValues(*model, "w2"), 6, [](std::size_t i) { return (i % 96) / 16; });
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == "Conv,Relu,Flatten,Gemm");
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "flatten");
+  CHECK(entry["readers"][0]["through"] == "Flatten_0");
+  CHECK(entry["readers"][0]["features_per_channel"] == 16);
+  for (std::size_t i = 0; i < 6; ++i)
+    CHECK(entry["scales"][i].get<double>() == Approx(std::sqrt(r1[i] / r2[i])).epsilon(1e-6));
+}
+
+TEST_CASE("equalize: Conv -> Reshape [0, -1] -> MatMul", "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[2,3,3,3] x) => (float[2,4] y)
+<)" + rowSpread("w1", {5, 3, 3, 3}, 210.0) +
+                          ", " + floats("w2", {45, 4}, 211.0) + R"(, int64[2] shape = {0, -1}>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  f = Reshape (c1, shape)
+  y = MatMul (f, w2)
+}
+)");
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 1);
+  CHECK(junctionEntry(outcome.report, "flatten")["readers"][0]["features_per_channel"] == 9);
+}
+
+TEST_CASE("equalize blocker: junctions that cannot be equalized", "[equalize]") {
+  // A Concat on a spatial axis.
+  CHECK(leftAlone(header() + R"(g (float[1,3,6,6] x) => (float[1,8,12,6] y)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 220.0) + ", " + rowSpread("w2", {8, 3, 1, 1}, 221.0) + ", " +
+                      floats("w3", {8, 8, 1, 1}, 222.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  c2 = Conv (x, w2)
+  cat = Concat <axis = 2> (c1, c2)
+  y = Conv (cat, w3)
+}
+)",
+                  "Concat_0")["reason"] == "channel-axis-mismatch");
+  // A Concat input that is not a layer's output.
+  CHECK(leftAlone(header() + R"(g (float[1,3,6,6] x) => (float[1,8,6,6] y)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 223.0) + ", " + floats("w3", {8, 11, 1, 1}, 224.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  cat = Concat <axis = 1> (r1, x)
+  y = Conv (cat, w3)
+}
+)",
+                  "Concat_0")["reason"] == "no-foldable-producer");
+  // Flatten after a Conv whose spatial size is not known.
+  CHECK(leftAlone(header() + R"(g (float[1,3,H,W] x) => (float[1,5] y)
+<)" + rowSpread("w1", {6, 3, 3, 3}, 225.0) + ", " + floats("w2", {5, 96}, 226.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  f = Flatten (r1)
+  y = Gemm <transB = 1> (f, w2)
+}
+)",
+                  "Conv_0")["reason"] == "rank-unknown");
+  // Flatten that merges the batch with the channels.
+  CHECK(leftAlone(header() + R"(g (float[1,3,4,4] x) => (float[4,5] y)
+<)" + rowSpread("w1", {6, 3, 3, 3}, 227.0) + ", " + floats("w2", {5, 24}, 228.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  f = Flatten <axis = 2> (r1)
+  y = Gemm <transB = 1> (f, w2)
+}
+)",
+                  "Conv_0")["reason"] == "channel-axis-mismatch");
+  // A fan-out where one reader reads the channels on another axis.
+  CHECK(leftAlone(header() + R"(g (float[1,3,6,6] x) => (float[1,8,6,6] ya, float[1,8,6,4] yb)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 229.0) + ", " + floats("wa", {8, 8, 1, 1}, 230.0) + ", " +
+                      floats("wb", {6, 4}, 231.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  ya = Conv (r1, wa)
+  yb = MatMul (r1, wb)
+}
+)",
+                  "Conv_0")["reason"] == "channel-axis-mismatch");
+}
+
+TEST_CASE("equalize: fold --equalize --verify on a fan-out, a Concat and a Flatten, the report in the schema",
+          "[equalize][cli]") {
+  TempDir dir;
+  auto model = parseModel(header() + R"(g (float[1,3,4,4] x) => (float[1,5] y1, float[1,6,4,4] y2)
+<)" + rowSpread("w0", {8, 3, 3, 3}, 240.0) +
+                          ", " + rowSpread("wa", {4, 8, 1, 1}, 241.0) + ", " + rowSpread("wb", {4, 8, 3, 3}, 242.0) +
+                          ", " + floats("wf", {5, 64}, 243.0) + ", " + rowSpread("wd", {6, 3, 1, 1}, 244.0) + ", " +
+                          floats("we", {6, 10, 1, 1}, 245.0) + R"(>
+{
+  c0 = Conv <pads = [1,1,1,1]> (x, w0)
+  r0 = Relu (c0)
+  ca = Conv (r0, wa)
+  cb = Conv <pads = [1,1,1,1]> (r0, wb)
+  ra = Relu (ca)
+  f = Flatten (ra)
+  y1 = Gemm <transB = 1> (f, wf)
+  rb = Relu (cb)
+  cd = Conv (x, wd)
+  cat = Concat <axis = 1> (rb, cd)
+  y2 = Conv (cat, we)
+}
+)");
+  saveModel(*model, dir.file("in.onnx"));
+  std::string err;
+  REQUIRE(runCommand(cli("fold " + dir.file("in.onnx") + " -o " + dir.file("out.onnx") +
+                         " --equalize --verify --report " + dir.file("out.json")),
+                     nullptr, &err) == 0);
+  const auto report = nlohmann::json::parse(readFile(dir.file("out.json")));
+  INFO(report.dump());
+  REQUIRE(report["equalized"].size() == 3);
+  CHECK(report["equalized"][0]["link"] == "fan-out");
+  CHECK(report["equalized"][1]["link"] == "flatten");
+  CHECK(report["equalized"][2]["link"] == "concat");
+  CHECK(report["verification"]["failed"] == 0);
+  CHECK(report["verification"]["passed"] == 3);
+  const OrtComparison comparison = compareInOrt(dir.file("in.onnx"), dir.file("out.onnx"), kTol, kTol);
+  INFO(comparison.error);
+  CHECK(comparison.ok);
+  std::string out;
+  CHECK(runCommand("/usr/bin/python3 " + sourceDir() + "/scripts/validate_report.py " + dir.file("out.json"), &out,
+                   &err) == 0);
+  INFO(out << err);
+  CHECK(out.empty());
+}
+
+TEST_CASE("equalize: a second run over equalized junctions changes nothing", "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[1,3,4,4] x) => (float[1,5] yb, float[1,6,4,4] yc)
+<)" + rowSpread("w0", {8, 3, 3, 3}, 250.0) +
+                          ", " + rowSpread("wa", {4, 8, 1, 1}, 251.0) + ", " + floats("wb", {5, 128}, 252.0) + ", " +
+                          rowSpread("wd", {2, 3, 1, 1}, 253.0) + ", " + floats("wc", {6, 6, 1, 1}, 254.0) + R"(>
+{
+  c0 = Conv <pads = [1,1,1,1]> (x, w0)
+  r0 = Relu (c0)
+  ya = Conv (r0, wa)
+  f = Flatten (r0)
+  yb = Gemm <transB = 1> (f, wb)
+  ra = Relu (ya)
+  cd = Conv (x, wd)
+  cat = Concat <axis = 1> (ra, cd)
+  yc = Conv (cat, wc)
+}
+)");
+  // The fan-out has a Conv and a Flatten -> Gemm reader; the Conv is also a producer of the Concat.
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 2);
+  CHECK(junctionEntry(outcome.report, "concat")["producers"][0]["layer"] == "Conv_1");
+  const auto& fanOut = junctionEntry(outcome.report, "fan-out");
+  CHECK(fanOut["readers"][1]["through"] == "Flatten_0");
+  CHECK(fanOut["readers"][1]["features_per_channel"] == 16);
+  std::vector<std::string> weights;
+  for (const auto& node : model->graph().nodes())
+    if (node->input(1) && node->input(1)->constantTensor()) weights.push_back(node->input(1)->name());
+  const Report again = applyRules(*model, {"equalize"});
+  CHECK(again.rewriteCount() == 0);
+  CHECK(section(again, "equalized").empty());
+  std::size_t k = 0;
+  for (const auto& node : model->graph().nodes())
+    if (node->input(1) && node->input(1)->constantTensor()) CHECK(node->input(1)->name() == weights[k++]);
+}
+
+TEST_CASE("equalize blocker: a fan-out whose scales would not lower the int8 error", "[equalize]") {
+  // As for a pair: w1's rows 1 and 1/127 lie on its int8 grid, and both readers' weights are 1.
+  const std::string text = header() + R"(g (float[1,1,4,4] x) => (float[1,1,4,4] ya, float[1,1,4,4] yb)
+<float[2,1,1,1] w1 = {1, 0.00787401574803149606}, float[1,2,1,1] wa = {1, 1}, float[1,2,1,1] wb = {1, 1}>
+{
+  c1 = Conv (x, w1)
+  r1 = Relu (c1)
+  ya = Conv (r1, wa)
+  yb = Conv (r1, wb)
 }
 )";
   const auto entry = leftAlone(text, "Conv_0");

@@ -1,0 +1,130 @@
+#include "kernels/equalize_junction.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace bnfold::kernels {
+namespace {
+
+std::size_t outputCount(const ChainLayer& layer) {
+  const auto count = outputChannelCount(layer.layout, layer.dims);
+  if (!count) throw std::invalid_argument("equalizeJunction: a producer's dims do not fit its layout");
+  return static_cast<std::size_t>(*count);
+}
+
+std::size_t inputCount(const ChainLayer& layer) {
+  const auto count = inputChannelCount(layer.layout, layer.dims);
+  if (!count) throw std::invalid_argument("equalizeJunction: a reader's dims do not fit its layout");
+  return static_cast<std::size_t>(*count);
+}
+
+std::vector<double> blockExpanded(const std::vector<double>& perChannel, std::int64_t block) {
+  std::vector<double> out;
+  out.reserve(perChannel.size() * static_cast<std::size_t>(block));
+  for (double value : perChannel) out.insert(out.end(), static_cast<std::size_t>(block), value);
+  return out;
+}
+
+std::vector<double> inverse(const std::vector<double>& values) {
+  std::vector<double> out(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) out[i] = 1.0 / values[i];
+  return out;
+}
+
+double producerError(const std::vector<JunctionProducer>& producers, const std::vector<std::vector<double>>& weights) {
+  double sum = 0.0;
+  for (std::size_t p = 0; p < producers.size(); ++p)
+    sum += channelRelativeInt8Error(producers[p].layer.layout, weights[p], producers[p].layer.dims, true);
+  return sum;
+}
+
+double readerError(const std::vector<JunctionReader>& readers, const std::vector<std::vector<double>>& weights) {
+  double sum = 0.0;
+  for (std::size_t r = 0; r < readers.size(); ++r)
+    sum += channelRelativeInt8Error(readers[r].layer.layout, weights[r], readers[r].layer.dims, false);
+  return sum;
+}
+
+}  // namespace
+
+std::vector<double> junctionProducerRanges(const std::vector<JunctionProducer>& producers,
+                                           const std::vector<std::vector<double>>& weights, std::size_t channels) {
+  std::vector<double> ranges(channels, 0.0);
+  for (std::size_t p = 0; p < producers.size(); ++p) {
+    const auto own = outputChannelRanges(producers[p].layer.layout, weights[p], producers[p].layer.dims);
+    std::copy(own.begin(), own.end(), ranges.begin() + static_cast<std::ptrdiff_t>(producers[p].first));
+  }
+  return ranges;
+}
+
+std::vector<double> junctionReaderRanges(const std::vector<JunctionReader>& readers,
+                                         const std::vector<std::vector<double>>& weights, std::size_t channels) {
+  std::vector<double> ranges(channels, 0.0);
+  for (std::size_t r = 0; r < readers.size(); ++r) {
+    const auto own = inputChannelRanges(readers[r].layer.layout, weights[r], readers[r].layer.dims);
+    const auto block = static_cast<std::size_t>(readers[r].block);
+    for (std::size_t f = 0; f < own.size(); ++f) ranges[f / block] = std::max(ranges[f / block], own[f]);
+  }
+  return ranges;
+}
+
+std::vector<double> scaledProducerWeights(const JunctionProducer& producer, const std::vector<double>& scales) {
+  const std::size_t count = outputCount(producer.layer);
+  const auto first = scales.begin() + static_cast<std::ptrdiff_t>(producer.first);
+  std::vector<double> weights = producer.layer.weights;
+  scaleOutputChannels(producer.layer.layout, weights, producer.layer.dims,
+                      inverse(std::vector<double>(first, first + static_cast<std::ptrdiff_t>(count))));
+  return weights;
+}
+
+std::vector<double> scaledReaderWeights(const JunctionReader& reader, const std::vector<double>& scales) {
+  std::vector<double> weights = reader.layer.weights;
+  scaleInputChannels(reader.layer.layout, weights, reader.layer.dims, blockExpanded(scales, reader.block));
+  return weights;
+}
+
+JunctionScales equalizeJunction(const std::vector<JunctionProducer>& producers,
+                                const std::vector<JunctionReader>& readers, std::size_t channels) {
+  if (producers.empty() || readers.empty())
+    throw std::invalid_argument("equalizeJunction: a junction needs a producer and a reader");
+  std::size_t covered = 0;
+  for (const JunctionProducer& producer : producers) {
+    if (producer.first != covered)
+      throw std::invalid_argument("equalizeJunction: the producers do not cover the channels in order");
+    covered += outputCount(producer.layer);
+  }
+  if (covered != channels)
+    throw std::invalid_argument("equalizeJunction: the producers write " + std::to_string(covered) +
+                                " channels, not " + std::to_string(channels));
+  for (const JunctionReader& reader : readers)
+    if (reader.block < 1 || inputCount(reader.layer) != channels * static_cast<std::size_t>(reader.block))
+      throw std::invalid_argument("equalizeJunction: a reader does not read " + std::to_string(channels) +
+                                  " channels of " + std::to_string(reader.block) + " inputs");
+
+  std::vector<std::vector<double>> producerWeights, readerWeights;
+  for (const JunctionProducer& producer : producers) producerWeights.push_back(producer.layer.weights);
+  for (const JunctionReader& reader : readers) readerWeights.push_back(reader.layer.weights);
+
+  JunctionScales result;
+  result.producerRanges = junctionProducerRanges(producers, producerWeights, channels);
+  result.readerRanges = junctionReaderRanges(readers, readerWeights, channels);
+  result.scales.assign(channels, 1.0);
+  for (std::size_t i = 0; i < channels; ++i) {
+    const double r1 = result.producerRanges[i], r2 = result.readerRanges[i];
+    if (r1 > 0.0 && r2 > 0.0 && std::isfinite(r1) && std::isfinite(r2)) result.scales[i] = std::sqrt(r1 / r2);
+  }
+  result.producerErrorBefore = producerError(producers, producerWeights);
+  result.readerErrorBefore = readerError(readers, readerWeights);
+  for (std::size_t p = 0; p < producers.size(); ++p)
+    producerWeights[p] = scaledProducerWeights(producers[p], result.scales);
+  for (std::size_t r = 0; r < readers.size(); ++r) readerWeights[r] = scaledReaderWeights(readers[r], result.scales);
+  result.producerErrorAfter = producerError(producers, producerWeights);
+  result.readerErrorAfter = readerError(readers, readerWeights);
+  result.improves = result.producerErrorAfter + result.readerErrorAfter <
+                    result.producerErrorBefore + result.readerErrorBefore;
+  return result;
+}
+
+}  // namespace bnfold::kernels
