@@ -5,11 +5,12 @@
 //             read only by A (or L2), A's only by L2 as its data input, neither a graph output; the channels
 //             on the same axis (Conv/ConvTranspose to Conv/ConvTranspose, Gemm/MatMul to Gemm (transA = 0) /
 //             MatMul) and as many of them; weights and L1's bias read by no other node, not DequantizeLinear's;
-//             the scales lower the two weights' int8 noise, per channel with one step per tensor (else the link is left).
+//             the scales lower the chain's int8 weight noise referred to its output (else the link is left).
 // Math:       A(s z) = s A(z) for s > 0 (per-channel slopes stay with their channel), so with
 //             s_i = sqrt(r1_i / r2_i), r1_i = max|W1 feeding output channel i|, r2_i = max|W2 reading input
-//             channel i|: W1'[i] = W1[i] / s_i, B1'[i] = B1[i] / s_i, W2'[:, i] = W2[:, i] * s_i. A chain is
-//             swept link by link until the scales stop moving (kernels/equalize_math.h).
+//             channel i|: W1'[i] = W1[i] / s_i, B1'[i] = B1[i] / s_i, W2'[:, i] = W2[:, i] * s_i. A chain's
+//             scales are the sweep's or AIMET's one pass, each link's to a power in {0, 1/4, ..., 1}, whichever
+//             has the least int8 weight noise referred to the chain's output (kernels/equalize_math.h).
 //
 // Rooted at the first layer of a chain (a layer no link reaches), so one match sees the whole chain and its
 // rewrite writes every new weight once. The driver runs this rule after the fold rules' fixed point
@@ -236,7 +237,7 @@ class EqualizeLayers final : public Rule {
     std::string refused;
     for (std::size_t k = 0; k < links; ++k) {
       const bool trivial = largestLogScale(match->scales.proposed[k]) < kTrivialLogScale;
-      match->changed[k] = match->scales.kept[k] && !trivial;
+      match->changed[k] = match->scales.kept[k] && largestLogScale(match->scales.scales[k]) >= kTrivialLogScale;
       if (!match->scales.kept[k] && !trivial)
         refused += (refused.empty() ? "" : ", ") + std::string("'") + match->layers[k].node->name() + "' -> '" +
                    match->layers[k + 1].node->name() + "'";
@@ -280,6 +281,12 @@ class EqualizeLayers final : public Rule {
     for (const Node* activation : match.activations)
       if (activation) rewriter.includeUnchanged(activation);
 
+    // The chain's output-referred int8 noise per layer (kernels::chainInt8Noise): as given and as written.
+    std::vector<std::vector<double>> identityScales;
+    for (const auto& scale : applied) identityScales.emplace_back(scale.size(), 1.0);
+    const auto noiseBefore = kernels::chainInt8Noise(match.weights, identityScales);
+    const auto noiseAfter = kernels::chainInt8Noise(match.weights, applied);
+
     for (std::size_t k = 0; k < links; ++k) {
       const AffineLayer& first = match.layers[k];
       const AffineLayer& second = match.layers[k + 1];
@@ -289,7 +296,7 @@ class EqualizeLayers final : public Rule {
                                           {"op", first.node->opType()},
                                           {"next", second.node->name()},
                                           {"reason", reason::kNotImproving.str()},
-                                          {"message", "the scales would not lower the per-tensor int8 weight error"},
+                                          {"message", "no power of the scales would lower the chain's output-referred int8 weight noise"},
                                           {"scales", jsonNumbers(match.scales.proposed[k])}});
         continue;
       }
@@ -297,19 +304,11 @@ class EqualizeLayers final : public Rule {
       const auto& w2 = match.weights[k + 1];
       const auto& w1After = after[k];
       const auto& w2After = after[k + 1];
-      auto error = [&](std::size_t layer, const std::vector<double>& values) {
-        return kernels::channelRelativeInt8Error(match.weights[layer].layout, values, match.weights[layer].dims,
-                                                 layer == k);
-      };
-      const double errorBefore1 = error(k, w1.weights);
-      const double errorBefore2 = error(k + 1, w2.weights);
-      const double errorAfter1 = error(k, w1After);
-      const double errorAfter2 = error(k + 1, w2After);
-      // What never-worse compared with: the same two layers with every other link applied, this one not.
+      // The two layers' output-referred int8 noise (kernels::chainInt8Noise) with every other link as written but
+      // this one left alone: what the link had to beat.
       std::vector<std::vector<double>> withoutLink = applied;
       std::fill(withoutLink[k].begin(), withoutLink[k].end(), 1.0);
-      const double errorWithoutLink = error(k, kernels::equalizedWeights(match.weights, withoutLink, k)) +
-                                      error(k + 1, kernels::equalizedWeights(match.weights, withoutLink, k + 1));
+      const auto noiseWithout = kernels::chainInt8Noise(match.weights, withoutLink);
       const nlohmann::json activation =
           match.activations[k] ? nlohmann::json(match.activations[k]->opType()) : nlohmann::json(nullptr);
       rewriter.record("equalized",
@@ -325,11 +324,15 @@ class EqualizeLayers final : public Rule {
                        {"ranges_after",
                         {{"layer1_output", jsonNumbers(kernels::outputChannelRanges(w1.layout, w1After, w1.dims))},
                          {"layer2_input", jsonNumbers(kernels::inputChannelRanges(w2.layout, w2After, w2.dims))}}},
+                       {"scale_method", match.scales.method == kernels::ScaleMethod::Sweep ? "sweep" : "aimet-one-pass"},
+                       {"scale_power", match.scales.power[k]},
                        {"quant_error_before",
-                        {{"layer1", errorBefore1}, {"layer2", errorBefore2}, {"sum", errorBefore1 + errorBefore2}}},
+                        {{"layer1", noiseBefore[k]}, {"layer2", noiseBefore[k + 1]},
+                         {"sum", noiseBefore[k] + noiseBefore[k + 1]}}},
                        {"quant_error_after",
-                        {{"layer1", errorAfter1}, {"layer2", errorAfter2}, {"sum", errorAfter1 + errorAfter2}}},
-                       {"quant_error_without_link", errorWithoutLink},
+                        {{"layer1", noiseAfter[k]}, {"layer2", noiseAfter[k + 1]},
+                         {"sum", noiseAfter[k] + noiseAfter[k + 1]}}},
+                       {"quant_error_without_link", noiseWithout[k] + noiseWithout[k + 1]},
                        {"chain_layers", match.layers.size()},
                        {"sweeps", match.scales.sweeps},
                        {"converged", match.scales.converged}});
