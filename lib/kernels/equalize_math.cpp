@@ -229,7 +229,7 @@ struct PoweredScales {
 // changes only its two layers' noise. Starts from the full step everywhere.
 PoweredScales choosePowers(const ChainNoiseModel& model, const std::vector<std::vector<double>>& full,
                            const std::vector<bool>& active) {
-  static constexpr double kPowers[] = {1.0, 0.75, 0.5, 0.25, 0.0};
+  static constexpr double kPowers[] = {1.0, 0.5, 0.0};
   static constexpr int kMaxRounds = 4;
   const std::size_t links = full.size();
   PoweredScales result;

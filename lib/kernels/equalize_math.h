@@ -69,7 +69,7 @@ struct ChainScales {
   /// Per link: the full scales of the chosen method (for a link left alone, what it was refused; all 1 when it was
   /// not a candidate).
   std::vector<std::vector<double>> proposed;
-  /// Per link: the power (0, 1/4, 1/2, 3/4 or 1) of proposed[k] written; 0 for a link left alone.
+  /// Per link: the power (0, 1/2 or 1) of proposed[k] written; 0 for a link left alone.
   std::vector<double> power;
   ScaleMethod method = ScaleMethod::Sweep;
   /// chainInt8Noise summed over the chain's layers: of the weights as given, and as written.
@@ -94,7 +94,7 @@ std::vector<double> chainInt8Noise(const std::vector<ChainLayer>& layers,
 /// Chooses the scales of a chain. Candidates: the pairwise sweep to convergence (s = sqrt(r1 / r2) per channel, 1
 /// when either range is 0), and AIMET's one pass (a dense layer, a depthwise Conv and a dense layer as a triple
 /// in closed form, S12 = r1 / cbrt(r1 r2 r3), S23 = cbrt(r1 r2 r3) / r3; other links as pairs; each set once,
-/// in order). For each, every link's power p in {0, 1/4, 1/2, 3/4, 1} (s^p: a partial step where the full one
+/// in order). For each, every link's power p in {0, 1/2, 1} (s^p: a half step where the full one
 /// costs more noise on the next layer than it saves) is chosen by coordinate descent on chainInt8Noise; the
 /// method with the lower noise wins, and the chain is left as it is when neither lowers the noise.
 /// `candidate[k]` false: link k is left alone. Throws std::invalid_argument when the layers' channel counts do

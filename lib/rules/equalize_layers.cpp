@@ -9,7 +9,7 @@
 // Math:       A(s z) = s A(z) for s > 0 (per-channel slopes stay with their channel), so with
 //             s_i = sqrt(r1_i / r2_i), r1_i = max|W1 feeding output channel i|, r2_i = max|W2 reading input
 //             channel i|: W1'[i] = W1[i] / s_i, B1'[i] = B1[i] / s_i, W2'[:, i] = W2[:, i] * s_i. A chain's
-//             scales are the sweep's or AIMET's one pass, each link's to a power in {0, 1/4, ..., 1}, whichever
+//             scales are the sweep's or AIMET's one pass, each link's to a power in {0, 1/2, 1}, whichever
 //             has the least int8 weight noise referred to the chain's output (kernels/equalize_math.h).
 //
 // Rooted at the first layer of a chain (a layer no link reaches), so one match sees the whole chain and its

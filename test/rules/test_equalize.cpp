@@ -60,7 +60,7 @@ void checkEqualizedLinks(const Report& report, std::size_t links) {
     REQUIRE(r1.size() == r2.size());
     REQUIRE(entry["scales"].size() == r1.size());
     const double power = entry["scale_power"].get<double>();
-    CHECK((power == 0.25 || power == 0.5 || power == 0.75 || power == 1.0));
+    CHECK((power == 0.5 || power == 1.0));
     bool nonTrivial = false;
     for (std::size_t i = 0; i < r1.size(); ++i) {
       if (allFullSweeps) CHECK(r1[i].get<double>() == Approx(r2[i].get<double>()).epsilon(1e-5));
@@ -301,8 +301,8 @@ TEST_CASE("equalize: after bn-fold, and a second run changes nothing", "[equaliz
   const Report again = applyRules(*model, {"bn-fold", "equalize"});
   CHECK(again.rewriteCount() == 0);
   CHECK(section(again, "equalized").empty());
-  REQUIRE(section(again, "not_equalized").size() == 1);  // still refused, still said
-  CHECK(section(again, "not_equalized")[0]["reason"] == "not-improving");
+  // Scales of 1 are no candidate worth an entry; a refused one would be said.
+  for (const auto& entry : section(again, "not_equalized")) CHECK(entry["reason"] == "not-improving");
   std::size_t k = 0;
   for (const auto& node : model->graph().nodes())
     if (node->isOnnxOp("Conv")) {
