@@ -82,23 +82,7 @@ SweepResult sweep(const std::vector<ChainLayer>& layers, const std::vector<bool>
   return result;
 }
 
-double quantizationStep(const std::vector<double>& weights) {
-  double largest = 0.0;
-  for (double w : weights) largest = std::max(largest, std::abs(w));
-  return std::isfinite(largest) ? largest / 127.0 : 0.0;
-}
-
 double int8Rounded(double w, double step) { return std::clamp(std::round(w / step), -127.0, 127.0) * step; }
-
-// Channel of every weight element, for one side of a layer.
-std::vector<std::int64_t> channelOfElements(const std::optional<ChannelIndexing>& indexing, std::size_t size) {
-  std::vector<std::int64_t> channel(size);
-  forEachChannelRun(*indexing, 0, static_cast<std::int64_t>(size),
-                    [&](std::int64_t offset, std::int64_t length, std::int64_t c) {
-                      std::fill_n(channel.begin() + offset, length, c);
-                    });
-  return channel;
-}
 
 // The data-free noise model of chainInt8Noise: per layer, the power of each input channel and the gain of each
 // output channel to the chain's output, in the coordinates of the weights as given.
@@ -107,8 +91,8 @@ class ChainNoiseModel {
   explicit ChainNoiseModel(const std::vector<ChainLayer>& layers) : layers_(layers) {
     const std::size_t n = layers.size();
     for (const ChainLayer& layer : layers) {
-      outChannel_.push_back(channelOfElements(outputChannelIndexing(layer.layout, layer.dims), layer.weights.size()));
-      inChannel_.push_back(channelOfElements(inputChannelIndexing(layer.layout, layer.dims), layer.weights.size()));
+      outIndexing_.push_back(*outputChannelIndexing(layer.layout, layer.dims));
+      inIndexing_.push_back(*inputChannelIndexing(layer.layout, layer.dims));
     }
     power_.resize(n);
     power_[0].assign(static_cast<std::size_t>(*inputChannelCount(layers[0].layout, layers[0].dims)), 1.0);
@@ -133,19 +117,22 @@ class ChainNoiseModel {
   // Layer k's noise with its output channels divided by `outScale` and input channels multiplied by `inScale`
   // (null: 1), relative to the chain's signal.
   double layerNoise(std::size_t k, const std::vector<double>* inScale, const std::vector<double>* outScale) const {
-    const std::vector<double>& original = layers_[k].weights;
-    std::vector<double> scaled(original.size());
-    for (std::size_t e = 0; e < original.size(); ++e)
-      scaled[e] = original[e] * (inScale ? (*inScale)[inChannel(k, e)] : 1.0) /
-                  (outScale ? (*outScale)[outChannel(k, e)] : 1.0);
-    const double step = quantizationStep(scaled);
-    if (step == 0.0 || !(signal_ > 0.0)) return 0.0;
+    const std::vector<double>& weights = layers_[k].weights;
+    auto factor = [&](std::size_t e) {
+      return (inScale ? (*inScale)[inChannel(k, e)] : 1.0) / (outScale ? (*outScale)[outChannel(k, e)] : 1.0);
+    };
+    double largest = 0.0;
+    for (std::size_t e = 0; e < weights.size(); ++e) largest = std::max(largest, std::abs(weights[e] * factor(e)));
+    if (largest == 0.0 || !std::isfinite(largest) || !(signal_ > 0.0)) return 0.0;
+    const double step = largest / 127.0;
     double noise = 0.0;
-    for (std::size_t e = 0; e < scaled.size(); ++e) {
-      const double error = scaled[e] - int8Rounded(scaled[e], step);
-      const double in = inScale ? (*inScale)[inChannel(k, e)] : 1.0;
-      const double out = outScale ? (*outScale)[outChannel(k, e)] : 1.0;
-      noise += error * error * gain_[k][outChannel(k, e)] * out * out * power_[k][inChannel(k, e)] / (in * in);
+    for (std::size_t e = 0; e < weights.size(); ++e) {
+      // The element's error in the scaled coordinates, carried back to the given ones (times 1 / factor) where
+      // the powers and gains are.
+      const double f = factor(e);
+      const double scaled = weights[e] * f;
+      const double error = (scaled - int8Rounded(scaled, step)) / f;
+      noise += error * error * gain_[k][outChannel(k, e)] * power_[k][inChannel(k, e)];
     }
     return noise / signal_;
   }
@@ -155,11 +142,15 @@ class ChainNoiseModel {
   }
 
  private:
-  std::size_t outChannel(std::size_t k, std::size_t e) const { return static_cast<std::size_t>(outChannel_[k][e]); }
-  std::size_t inChannel(std::size_t k, std::size_t e) const { return static_cast<std::size_t>(inChannel_[k][e]); }
+  std::size_t outChannel(std::size_t k, std::size_t e) const {
+    return static_cast<std::size_t>(outIndexing_[k].channel(static_cast<std::int64_t>(e)));
+  }
+  std::size_t inChannel(std::size_t k, std::size_t e) const {
+    return static_cast<std::size_t>(inIndexing_[k].channel(static_cast<std::int64_t>(e)));
+  }
 
   const std::vector<ChainLayer>& layers_;
-  std::vector<std::vector<std::int64_t>> outChannel_, inChannel_;
+  std::vector<ChannelIndexing> outIndexing_, inIndexing_;
   std::vector<std::vector<double>> power_, gain_;
   double signal_ = 0.0;
 };

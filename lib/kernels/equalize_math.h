@@ -48,8 +48,8 @@ struct EqualizeSettings {
   /// equalizeChain describes, leaving a link alone when that is lowest (false: plain sweeping to convergence, as a
   /// reference to compare with).
   bool keepOnlyImproving = true;
-  /// A chain is rescaled only when that lowers its noise by this share or more: partial steps leave the next run a
-  /// little to gain, which is not worth rewriting a model for (and a run on its own output changes nothing).
+  /// A chain is rescaled only when that lowers its noise by this share or more (less is not worth rewriting a model
+  /// for, and a run on its own output mostly finds less).
   double minimumNoiseReduction = 0.05;
 };
 
