@@ -245,8 +245,8 @@ class EqualizeLayers final : public Rule {
     if (std::find(match->changed.begin(), match->changed.end(), true) == match->changed.end()) {
       if (!refused.empty())
         return MatchResult::failure(reason::kNotImproving, "equalizing " + refused +
-                                                               " would not lower the per-tensor "
-                                                               "int8 weight error");
+                                                               " would not lower the chain's "
+                                                               "int8 weight noise enough");
       return MatchResult::quietFailure(reason::kNotImproving,
                                        "the chain from '" + root.name() + "' is equalized already");
     }
@@ -296,7 +296,9 @@ class EqualizeLayers final : public Rule {
                                           {"op", first.node->opType()},
                                           {"next", second.node->name()},
                                           {"reason", reason::kNotImproving.str()},
-                                          {"message", "no power of the scales would lower the chain's output-referred int8 weight noise"},
+                                          {"message",
+                                           "no power of the scales would lower the chain's output-referred int8 "
+                                           "weight noise enough"},
                                           {"scales", jsonNumbers(match.scales.proposed[k])}});
         continue;
       }
@@ -324,7 +326,8 @@ class EqualizeLayers final : public Rule {
                        {"ranges_after",
                         {{"layer1_output", jsonNumbers(kernels::outputChannelRanges(w1.layout, w1After, w1.dims))},
                          {"layer2_input", jsonNumbers(kernels::inputChannelRanges(w2.layout, w2After, w2.dims))}}},
-                       {"scale_method", match.scales.method == kernels::ScaleMethod::Sweep ? "sweep" : "aimet-one-pass"},
+                       {"scale_method",
+                        match.scales.method == kernels::ScaleMethod::Sweep ? "sweep" : "aimet-one-pass"},
                        {"scale_power", match.scales.power[k]},
                        {"quant_error_before",
                         {{"layer1", noiseBefore[k]}, {"layer2", noiseBefore[k + 1]},

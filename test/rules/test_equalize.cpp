@@ -50,7 +50,8 @@ void checkEqualizedLinks(const Report& report, std::size_t links) {
   bool allFullSweeps = true;
   for (const auto& entry : entries)
     allFullSweeps = allFullSweeps && entry["scale_method"] == "sweep" && entry["scale_power"].get<double>() == 1.0;
-  for (const auto& entry : section(report, "not_equalized")) allFullSweeps = allFullSweeps && entry["reason"] != "not-improving";
+  for (const auto& entry : section(report, "not_equalized"))
+    allFullSweeps = allFullSweeps && entry["reason"] != "not-improving";
   for (const auto& entry : entries) {
     INFO(entry.dump());
     CHECK(entry["rule"] == "equalize");
