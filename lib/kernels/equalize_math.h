@@ -44,30 +44,61 @@ struct EqualizeSettings {
   /// Sweeps stop once no scale of a sweep moves by more than this in |log s|.
   double tolerance = 1e-7;
   std::size_t maxSweeps = 200;
-  /// Leave a link alone when its scales do not lower its two layers' int8 error (false: plain sweeping, as a
+  /// Choose each link's scales by the chain's output-referred int8 noise (chainInt8Noise) among the candidates
+  /// equalizeChain describes, leaving a link alone when that is lowest (false: plain sweeping to convergence, as a
   /// reference to compare with).
   bool keepOnlyImproving = true;
+  /// A chain is rescaled only when that lowers its noise by this share or more (less is not worth rewriting a model
+  /// for, and a run on its own output mostly finds less).
+  double minimumNoiseReduction = 0.05;
+};
+
+/// Where a chain's scales come from (before the per-link power of ChainScales::power).
+enum class ScaleMethod {
+  Sweep,         ///< pairwise s = sqrt(r1 / r2) swept to convergence
+  AimetOnePass,  ///< AIMET's sets (pairs, and depthwise triples in closed form), each scaled once, in order
 };
 
 /// What equalizeChain found.
 struct ChainScales {
-  /// scales[k][i]: link k's scale of channel i (1 for a link left alone).
+  /// scales[k][i]: link k's scale of channel i as written (proposed[k] to the power power[k]; 1 for a link left
+  /// alone).
   std::vector<std::vector<double>> scales;
-  /// Per link: false when its scales would not lower the summed relative int8 error of the two layers it joins.
+  /// Per link: false when it is left alone (not a candidate, or no power of its scales lowered the noise).
   std::vector<bool> kept;
-  /// Per link: the scales it was given by the last sweep it took part in (for a link left alone, what it was
-  /// refused; all 1 when it was not a candidate).
+  /// Per link: the full scales of the chosen method (for a link left alone, what it was refused; all 1 when it was
+  /// not a candidate).
   std::vector<std::vector<double>> proposed;
+  /// Per link: the power (0, 1/2 or 1) of proposed[k] written; 0 for a link left alone.
+  std::vector<double> power;
+  ScaleMethod method = ScaleMethod::Sweep;
+  /// chainInt8Noise summed over the chain's layers: of the weights as given, and as written.
+  double noiseBefore = 0.0;
+  double noiseAfter = 0.0;
+  /// The sweep's: how many sweeps it took, and whether it converged.
   std::size_t sweeps = 0;
   bool converged = false;
 };
 
-/// Equalizes the chain by pairwise sweeps (link 0, 1, ... n-1, repeated) to convergence, s = sqrt(r1 / r2) per
-/// channel (1 when either range is 0); a depthwise triple needs no special case, the sweep converges to the
-/// equal ranges AIMET's closed form gives. Then a link whose scales do not lower relativeInt8Error of its two
-/// layers (summed, with every other kept link applied) is left alone, and the remaining links are swept again,
-/// until no further link is dropped. `candidate[k]` false: link k is left alone from the start.
-/// Throws std::invalid_argument when the layers' channel counts do not fit together.
+/// The int8 weight noise of each layer of the chain with `scales` applied (one vector per link), referred to the
+/// chain's output and relative to its signal there. Each weight is quantized per tensor to symmetric int8 (step
+/// max|W| / 127); the squared error of each element is weighted by the power of the input channel it reads and
+/// by the gain from the output channel it feeds to the chain's output. Powers and gains are data-free: a white
+/// input of unit power per channel, propagated through the squared original weights (a scale moves power
+/// between a layer and the next, so the signal is the same for every choice of scales). Unlike a per-channel
+/// relative error, this counts a channel by what it carries to the output: a small channel's damage matters as
+/// much as its signal, and a larger step on the next layer costs noise on every channel it reads.
+std::vector<double> chainInt8Noise(const std::vector<ChainLayer>& layers,
+                                   const std::vector<std::vector<double>>& scales);
+
+/// Chooses the scales of a chain. Candidates: the pairwise sweep to convergence (s = sqrt(r1 / r2) per channel, 1
+/// when either range is 0), and AIMET's one pass (a dense layer, a depthwise Conv and a dense layer as a triple
+/// in closed form, S12 = r1 / cbrt(r1 r2 r3), S23 = cbrt(r1 r2 r3) / r3; other links as pairs; each set once,
+/// in order). For each, every link's power p in {0, 1/2, 1} (s^p: a half step where the full one
+/// costs more noise on the next layer than it saves) is chosen by coordinate descent on chainInt8Noise; the
+/// method with the lower noise wins, and the chain is left as it is when neither lowers the noise.
+/// `candidate[k]` false: link k is left alone. Throws std::invalid_argument when the layers' channel counts do
+/// not fit together.
 ChainScales equalizeChain(const std::vector<ChainLayer>& layers, const std::vector<bool>& candidate,
                           const EqualizeSettings& settings = {});
 

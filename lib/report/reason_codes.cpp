@@ -27,7 +27,9 @@ const std::vector<ReasonCodeInfo>& reasonCodes() {
       {kNonFiniteParams, "a BN parameter holds NaN or infinity"},
       {kNonHomogeneousActivation, "the activation between two layers is not positively homogeneous (Clip/Relu6, HardSwish, Sigmoid, ...) (equalize)"},
       {kNonSpatialTraining, "spatial=0 in training mode (statistics per element) is not expanded"},
-      {kNotImproving, "equalizing the link would not lower the per-tensor int8 error of its two weights (equalize)"},
+      {kNotImproving,
+       "equalizing the link would not lower its chain's per-tensor int8 weight noise, referred to the chain's output "
+       "(equalize)"},
       {kNotPerChannel, "the constant does not broadcast as one value per output channel"},
       {kNotTrainingMode, "the BN is in inference mode, which this rule does not handle"},
       {kOperandNotConstant, "neither operand of the Mul is a constant"},

@@ -8,15 +8,16 @@
 //             read only by A (or L2), A's only by L2 as its data input, neither a graph output; the channels
 //             on the same axis (Conv/ConvTranspose to Conv/ConvTranspose, Gemm/MatMul to Gemm (transA = 0) /
 //             MatMul) and as many of them; weights and L1's bias read by no other node, not DequantizeLinear's;
-//             the scales lower the two weights' int8 noise, per channel with one step per tensor (else the link is left).
+//             the scales lower the chain's int8 weight noise referred to its output (else the link is left).
 //             Fan-out: every reader of A's output such a layer. Flatten: L1 spatial, its dims after the channel
 //             axis known (their product is the block of G's input features per channel, layout_path.h). Concat:
 //             every input a layer's output (through its own activation) read only by the Concat, the axis the
 //             layers' channel axis, the Concat read only by L.
 // Math:       A(s z) = s A(z) for s > 0 (per-channel slopes stay with their channel), so with
 //             s_i = sqrt(r1_i / r2_i), r1_i = max|W1 feeding output channel i|, r2_i = max|W2 reading input
-//             channel i|: W1'[i] = W1[i] / s_i, B1'[i] = B1[i] / s_i, W2'[:, i] = W2[:, i] * s_i. A chain is
-//             swept link by link until the scales stop moving (kernels/equalize_math.h). A junction takes one pass
+//             channel i|: W1'[i] = W1[i] / s_i, B1'[i] = B1[i] / s_i, W2'[:, i] = W2[:, i] * s_i. A chain's
+//             scales are the sweep's or AIMET's one pass, each link's to a power in {0, 1/2, 1}, whichever
+//             has the least int8 weight noise referred to the chain's output (kernels/equalize_math.h). A junction takes one pass
 //             with r2_i the largest range of channel i over its readers (kernels/equalize_junction.h).
 //
 // Rooted at the first layer of a chain (a layer no link reaches), so one match sees the whole chain and its
@@ -570,7 +571,7 @@ class EqualizeLayers final : public Rule {
       match->changed.assign(links, false);
       for (std::size_t k = 0; k < links; ++k) {
         const bool trivial = largestLogScale(match->scales.proposed[k]) < kTrivialLogScale;
-        match->changed[k] = match->scales.kept[k] && !trivial;
+        match->changed[k] = match->scales.kept[k] && largestLogScale(match->scales.scales[k]) >= kTrivialLogScale;
         if (!match->scales.kept[k] && !trivial)
           refused += (refused.empty() ? "" : ", ") + std::string("'") + match->layers[k].node->name() + "' -> '" +
                      match->layers[k + 1].node->name() + "'";
@@ -590,8 +591,8 @@ class EqualizeLayers final : public Rule {
     if (!junctionChanged && std::find(match->changed.begin(), match->changed.end(), true) == match->changed.end()) {
       if (!refused.empty())
         return MatchResult::failure(reason::kNotImproving, "equalizing " + refused +
-                                                               " would not lower the per-tensor "
-                                                               "int8 weight error");
+                                                               " would not lower the chain's "
+                                                               "int8 weight noise enough");
       return MatchResult::quietFailure(reason::kNotImproving,
                                        "the chain from '" + root.name() + "' is equalized already");
     }
@@ -632,6 +633,13 @@ class EqualizeLayers final : public Rule {
     for (const Node* activation : match.activations)
       if (activation) rewriter.includeUnchanged(activation);
 
+    // The chain's output-referred int8 noise per layer (kernels::chainInt8Noise): as given and as written. A match
+    // that is only a junction after one layer has no chain.
+    std::vector<std::vector<double>> identityScales;
+    for (const auto& scale : applied) identityScales.emplace_back(scale.size(), 1.0);
+    const auto noiseBefore = links > 0 ? kernels::chainInt8Noise(match.weights, identityScales) : std::vector<double>{};
+    const auto noiseAfter = links > 0 ? kernels::chainInt8Noise(match.weights, applied) : std::vector<double>{};
+
     for (std::size_t k = 0; k < links; ++k) {
       const AffineLayer& first = match.layers[k];
       const AffineLayer& second = match.layers[k + 1];
@@ -641,7 +649,9 @@ class EqualizeLayers final : public Rule {
                                           {"op", first.node->opType()},
                                           {"next", second.node->name()},
                                           {"reason", reason::kNotImproving.str()},
-                                          {"message", "the scales would not lower the per-tensor int8 weight error"},
+                                          {"message",
+                                           "no power of the scales would lower the chain's output-referred int8 "
+                                           "weight noise enough"},
                                           {"scales", jsonNumbers(match.scales.proposed[k])}});
         continue;
       }
@@ -649,19 +659,11 @@ class EqualizeLayers final : public Rule {
       const auto& w2 = match.weights[k + 1];
       const auto& w1After = after[k];
       const auto& w2After = after[k + 1];
-      auto error = [&](std::size_t layer, const std::vector<double>& values) {
-        return kernels::channelRelativeInt8Error(match.weights[layer].layout, values, match.weights[layer].dims,
-                                                 layer == k);
-      };
-      const double errorBefore1 = error(k, w1.weights);
-      const double errorBefore2 = error(k + 1, w2.weights);
-      const double errorAfter1 = error(k, w1After);
-      const double errorAfter2 = error(k + 1, w2After);
-      // What never-worse compared with: the same two layers with every other link applied, this one not.
+      // The two layers' output-referred int8 noise (kernels::chainInt8Noise) with every other link as written but
+      // this one left alone: what the link had to beat.
       std::vector<std::vector<double>> withoutLink = applied;
       std::fill(withoutLink[k].begin(), withoutLink[k].end(), 1.0);
-      const double errorWithoutLink = error(k, kernels::equalizedWeights(match.weights, withoutLink, k)) +
-                                      error(k + 1, kernels::equalizedWeights(match.weights, withoutLink, k + 1));
+      const auto noiseWithout = kernels::chainInt8Noise(match.weights, withoutLink);
       const nlohmann::json activation =
           match.activations[k] ? nlohmann::json(match.activations[k]->opType()) : nlohmann::json(nullptr);
       rewriter.record("equalized",
@@ -677,11 +679,16 @@ class EqualizeLayers final : public Rule {
                        {"ranges_after",
                         {{"layer1_output", jsonNumbers(kernels::outputChannelRanges(w1.layout, w1After, w1.dims))},
                          {"layer2_input", jsonNumbers(kernels::inputChannelRanges(w2.layout, w2After, w2.dims))}}},
+                       {"scale_method",
+                        match.scales.method == kernels::ScaleMethod::Sweep ? "sweep" : "aimet-one-pass"},
+                       {"scale_power", match.scales.power[k]},
                        {"quant_error_before",
-                        {{"layer1", errorBefore1}, {"layer2", errorBefore2}, {"sum", errorBefore1 + errorBefore2}}},
+                        {{"layer1", noiseBefore[k]}, {"layer2", noiseBefore[k + 1]},
+                         {"sum", noiseBefore[k] + noiseBefore[k + 1]}}},
                        {"quant_error_after",
-                        {{"layer1", errorAfter1}, {"layer2", errorAfter2}, {"sum", errorAfter1 + errorAfter2}}},
-                       {"quant_error_without_link", errorWithoutLink},
+                        {{"layer1", noiseAfter[k]}, {"layer2", noiseAfter[k + 1]},
+                         {"sum", noiseAfter[k] + noiseAfter[k + 1]}}},
+                       {"quant_error_without_link", noiseWithout[k] + noiseWithout[k + 1]},
                        {"chain_layers", match.layers.size()},
                        {"sweeps", match.scales.sweeps},
                        {"converged", match.scales.converged}});

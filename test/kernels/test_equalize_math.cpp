@@ -1,5 +1,5 @@
 // Equalization math against hand-computed values: channel ranges per layout, the int8 error, pairwise scales,
-// a triple's convergence to AIMET's closed form, and the never-worse check.
+// a triple's convergence to AIMET's closed form, the chain's output-referred noise and the choice it drives.
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -91,4 +91,77 @@ TEST_CASE("equalize math: a link that would raise the int8 error is left alone",
   CHECK(result.scales[0] == std::vector<double>{1, 1});
   CHECK(result.proposed[0][1] == Approx(1 / std::sqrt(127.0)));
   CHECK_THROWS_AS(equalizeChain({chain[0]}, {}), std::invalid_argument);
+}
+
+TEST_CASE("equalize math: int8 noise referred to the chain's output", "[equalize][kernels]") {
+  // L0 [2, 1]: rows 2 and 1 (output powers 4 and 1 for a unit input); L1 [1, 2] reads both with weight 1, so the
+  // chain's signal is 4 + 1 = 5 and both middle channels have gain 1.
+  const std::vector<ChainLayer> chain{conv({2, 1}, {2, 1, 1, 1}), conv({1, 1}, {1, 2, 1, 1})};
+  // As given: L0's step is 2/127 and its 1 (63.5 steps) rounds to 64 steps, off by 1/127; L1 is on its grid.
+  const std::vector<double> given = chainInt8Noise(chain, {{1, 1}});
+  REQUIRE(given.size() == 2);
+  CHECK(given[0] == Approx(1.0 / (127.0 * 127.0) / 5.0).epsilon(1e-9));
+  CHECK(given[1] == 0.0);
+  // Scales (1, 1/2): L0 becomes (2, 2), on its grid; L1's second input weight 1/2 rounds to 64/127, off by 1/254,
+  // and reads channel 1 at 1/(1/2)^2 = 4 times its power: the same noise, moved to L1.
+  const std::vector<double> moved = chainInt8Noise(chain, {{1, 0.5}});
+  CHECK(moved[0] == Approx(0.0).margin(1e-15));
+  CHECK(moved[1] == Approx(4.0 / (254.0 * 254.0) / 5.0).epsilon(1e-9));
+  CHECK_THROWS_AS(chainInt8Noise(chain, {}), std::invalid_argument);
+}
+
+TEST_CASE("equalize math: the chosen scales have the least noise of the candidates tried", "[equalize][kernels]") {
+  // A Conv -> depthwise Conv -> Conv chain with rows spread over two decades, as BN folding leaves them.
+  const std::size_t channels = 6;
+  std::vector<double> first, depthwise, last;
+  for (std::size_t c = 0; c < channels; ++c) {
+    const double magnitude = std::pow(10.0, -1.0 + 2.0 * static_cast<double>((c * 5) % channels) / (channels - 1));
+    for (std::size_t i = 0; i < 3; ++i) first.push_back(magnitude * std::sin(1.0 + static_cast<double>(c * 3 + i)));
+    for (std::size_t i = 0; i < 9; ++i) depthwise.push_back(std::cos(0.5 + static_cast<double>(c * 9 + i)) / magnitude);
+  }
+  for (std::size_t i = 0; i < 4 * channels; ++i) last.push_back(std::sin(0.3 + 1.7 * static_cast<double>(i)));
+  const std::vector<ChainLayer> chain{conv(first, {6, 3, 1, 1}), conv(depthwise, {6, 1, 3, 3}, 6),
+                                      conv(last, {4, 6, 1, 1})};
+  const ChainScales result = equalizeChain(chain, {true, true});
+  auto total = [&](const std::vector<std::vector<double>>& scales) {
+    double sum = 0.0;
+    for (double noise : chainInt8Noise(chain, scales)) sum += noise;
+    return sum;
+  };
+  const std::vector<std::vector<double>> identity(2, std::vector<double>(channels, 1.0));
+  CHECK(result.noiseBefore == Approx(total(identity)).epsilon(1e-12));
+  CHECK(result.noiseAfter == Approx(total(result.scales)).epsilon(1e-12));
+  CHECK(result.noiseAfter < 0.95 * result.noiseBefore);
+  // No uniform power of the chosen method's full scales does better than the per-link choice.
+  for (double power : {0.5, 1.0}) {
+    std::vector<std::vector<double>> uniform = result.proposed;
+    for (auto& link : uniform)
+      for (double& s : link) s = std::pow(s, power);
+    CHECK(result.noiseAfter <= total(uniform) * (1.0 + 1e-12));
+  }
+  for (std::size_t k = 0; k < 2; ++k) {
+    INFO("link " << k);
+    CHECK(result.kept[k] == (result.power[k] > 0.0));
+    for (std::size_t i = 0; i < channels; ++i)
+      CHECK(result.scales[k][i] == Approx(std::pow(result.proposed[k][i], result.power[k])).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("equalize math: a gain below the minimum leaves the chain alone", "[equalize][kernels]") {
+  // The sweep's s = (sqrt 2, 1) puts both layers on values whose noise is well below the chain's as given.
+  const std::vector<ChainLayer> chain{conv({2, 1}, {2, 1, 1, 1}), conv({1, 1}, {1, 2, 1, 1})};
+  const ChainScales kept = equalizeChain(chain, {true});
+  CHECK(kept.kept == std::vector<bool>{true});
+  CHECK(kept.scales[0][0] == Approx(std::sqrt(2.0)));
+  const double reduction = 1.0 - kept.noiseAfter / kept.noiseBefore;
+  CHECK(reduction > 0.05);
+  // Asking for more than it gains leaves the chain as it is.
+  EqualizeSettings demanding;
+  demanding.minimumNoiseReduction = reduction + 0.01;
+  const ChainScales left = equalizeChain(chain, {true}, demanding);
+  CHECK(left.kept == std::vector<bool>{false});
+  CHECK(left.power == std::vector<double>{0.0});
+  CHECK(left.scales[0] == std::vector<double>{1, 1});
+  CHECK(left.noiseAfter == left.noiseBefore);
+  CHECK(left.proposed[0][0] == Approx(std::sqrt(2.0)));
 }

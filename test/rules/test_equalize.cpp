@@ -39,13 +39,19 @@ std::string floats(const std::string& name, const std::vector<int64_t>& dims, do
 
 const nlohmann::json& section(const Report& report, const std::string& name) { return report.section(name); }
 
-/// Each equalized link has equal ranges on both sides where the chain converged, lowered the int8 error, and
-/// says what it did.
+/// Each equalized link lowered the chain's int8 noise, says what it did, and, where it took the sweep's full
+/// step, has equal ranges on both sides.
 void checkEqualizedLinks(const Report& report, std::size_t links) {
   const auto& entries = section(report, "equalized");
   INFO("not_equalized: " << section(report, "not_equalized").dump());
   INFO("verification: " << report.json().value("verification", nlohmann::json()).dump());
   REQUIRE(entries.size() == links);
+  // Ranges come out equal where every link of the chain took the sweep's full step (the sweep's fixed point).
+  bool allFullSweeps = true;
+  for (const auto& entry : entries)
+    allFullSweeps = allFullSweeps && entry["scale_method"] == "sweep" && entry["scale_power"].get<double>() == 1.0;
+  for (const auto& entry : section(report, "not_equalized"))
+    allFullSweeps = allFullSweeps && entry["reason"] != "not-improving";
   for (const auto& entry : entries) {
     INFO(entry.dump());
     CHECK(entry["rule"] == "equalize");
@@ -54,15 +60,17 @@ void checkEqualizedLinks(const Report& report, std::size_t links) {
     const auto& r2 = entry["ranges_after"]["layer2_input"];
     REQUIRE(r1.size() == r2.size());
     REQUIRE(entry["scales"].size() == r1.size());
+    const double power = entry["scale_power"].get<double>();
+    CHECK((power == 0.5 || power == 1.0));
     bool nonTrivial = false;
     for (std::size_t i = 0; i < r1.size(); ++i) {
-      CHECK(r1[i].get<double>() == Approx(r2[i].get<double>()).epsilon(1e-5));
+      if (allFullSweeps) CHECK(r1[i].get<double>() == Approx(r2[i].get<double>()).epsilon(1e-5));
       const double s = entry["scales"][i].get<double>();
       CHECK(s > 0.0);
       nonTrivial = nonTrivial || std::abs(std::log(s)) > 0.1;
     }
     CHECK(nonTrivial);
-    // Never worse: the link lowered its two layers' int8 error against the chain without it.
+    // Never worse: the link lowered its two layers' int8 noise against the chain without it.
     CHECK(entry["quant_error_after"]["sum"].get<double>() < entry["quant_error_without_link"].get<double>());
   }
 }
@@ -282,11 +290,10 @@ TEST_CASE("equalize: after bn-fold, and a second run changes nothing", "[equaliz
   checkSameFunction(outcome);
   CHECK(section(outcome.report, "folds").size() == 1);
   CHECK(opSequence(model->graph()) == "Conv,Relu,Conv,Relu,Conv");
-  // The folded first layer has the spread; the second link (two uniform random weights) gains nothing and is left.
-  checkEqualizedLinks(outcome.report, 1);
-  REQUIRE(section(outcome.report, "not_equalized").size() == 1);
-  CHECK(section(outcome.report, "not_equalized")[0]["reason"] == "not-improving");
-  CHECK(section(outcome.report, "not_equalized")[0]["node"] == "Conv_1");
+  // The folded first layer has the spread; the second link joins two uniform random weights, which the spread
+  // the first link moves into the middle layer's inputs makes worth equalizing too.
+  checkEqualizedLinks(outcome.report, 2);
+  CHECK(section(outcome.report, "not_equalized").empty());
 
   std::vector<std::pair<std::string, std::vector<double>>> weights;
   for (const auto& node : model->graph().nodes())
@@ -295,8 +302,8 @@ TEST_CASE("equalize: after bn-fold, and a second run changes nothing", "[equaliz
   const Report again = applyRules(*model, {"bn-fold", "equalize"});
   CHECK(again.rewriteCount() == 0);
   CHECK(section(again, "equalized").empty());
-  REQUIRE(section(again, "not_equalized").size() == 1);  // still refused, still said
-  CHECK(section(again, "not_equalized")[0]["reason"] == "not-improving");
+  // Scales of 1 are no candidate worth an entry; a refused one would be said.
+  for (const auto& entry : section(again, "not_equalized")) CHECK(entry["reason"] == "not-improving");
   std::size_t k = 0;
   for (const auto& node : model->graph().nodes())
     if (node->isOnnxOp("Conv")) {
