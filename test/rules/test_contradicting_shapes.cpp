@@ -22,7 +22,8 @@ const char* const kWeights =
 MatchFailure refusal(Model& model, const std::string& ruleName, const std::string& opType) {
   const Node* node = findNode(model.graph(), opType);
   REQUIRE(node);
-  RuleContext context(model, RuleOptions{});
+  const RuleOptions options;
+  RuleContext context(model, options);
   MatchResult result = findRule(ruleName)->match(*node, context);
   REQUIRE_FALSE(result.matched());
   return result.failure();

@@ -102,6 +102,8 @@ class Rule;
 class RuleContext {
  public:
   RuleContext(const Model& model, const RuleOptions& options);
+  /// The context keeps a reference to the options, so they must outlive it.
+  RuleContext(const Model& model, RuleOptions&& options) = delete;
   ~RuleContext();
   RuleContext(const RuleContext&) = delete;
   RuleContext& operator=(const RuleContext&) = delete;
