@@ -75,38 +75,38 @@ struct LinkProblem {
   bool quiet = false;
 };
 
-MatchFailure describe(ReasonCode code, std::string message) { return MatchFailure{code, std::move(message)}; }
+MatchFailure failure(ReasonCode code, std::string message) { return MatchFailure{code, std::move(message)}; }
 
 // Why the output of `value`'s readers cannot carry a per-channel scale to one layer.
 MatchFailure readersProblem(const Value& value, const std::string& from) {
   if (value.isGraphOutput())
-    return describe(reason::kLayerHasOtherConsumers, "'" + value.name() + "' after '" + from + "' is a graph output");
+    return failure(reason::kLayerHasOtherConsumers, "'" + value.name() + "' after '" + from + "' is a graph output");
   for (const Use& use : value.uses()) {
     if (isResidualJoin(*use.node))
-      return describe(reason::kResidualAdd, "'" + value.name() + "' after '" + from + "' is added by '" +
-                                                use.node->name() + "' (" + use.node->opType() +
-                                                ") to another path, which would need the same scales");
+      return failure(reason::kResidualAdd, "'" + value.name() + "' after '" + from + "' is added by '" +
+                                               use.node->name() + "' (" + use.node->opType() +
+                                               ") to another path, which would need the same scales");
     if (isNonHomogeneousActivation(*use.node))
-      return describe(reason::kNonHomogeneousActivation,
-                      "'" + use.node->name() + "' (" + use.node->opType() + ") after '" + from +
-                          "' is not positively homogeneous: a channel scale does not pass through it");
+      return failure(reason::kNonHomogeneousActivation,
+                     "'" + use.node->name() + "' (" + use.node->opType() + ") after '" + from +
+                         "' is not positively homogeneous: a channel scale does not pass through it");
   }
   if (value.uses().size() > 1)
-    return describe(reason::kLayerHasOtherConsumers, "'" + value.name() + "' after '" + from + "' is read by " +
-                                                         std::to_string(value.uses().size()) + " nodes");
+    return failure(reason::kLayerHasOtherConsumers, "'" + value.name() + "' after '" + from + "' is read by " +
+                                                        std::to_string(value.uses().size()) + " nodes");
   if (value.uses().empty())
-    return describe(reason::kReaderNotLayer, "'" + value.name() + "' after '" + from + "' is not read");
+    return failure(reason::kReaderNotLayer, "'" + value.name() + "' after '" + from + "' is not read");
   const Node& reader = *value.uses().front().node;
-  return describe(reason::kReaderNotLayer, "'" + value.name() + "' after '" + from + "' is read by '" + reader.name() +
-                                               "' (" + reader.opType() +
-                                               "), not as the data input of a Conv, ConvTranspose, Gemm or MatMul");
+  return failure(reason::kReaderNotLayer, "'" + value.name() + "' after '" + from + "' is read by '" + reader.name() +
+                                              "' (" + reader.opType() +
+                                              "), not as the data input of a Conv, ConvTranspose, Gemm or MatMul");
 }
 
 // The layer after `first`, through at most one homogeneous activation, or why there is none to equalize with.
 std::variant<Link, LinkProblem> linkAfter(const AffineLayer& first, const RuleContext& context) {
   const std::string& from = first.node->name();
   const Value* output = first.node->output(0);
-  if (!output) return LinkProblem{describe(reason::kMissingOutput, "'" + from + "' has no output")};
+  if (!output) return LinkProblem{failure(reason::kMissingOutput, "'" + from + "' has no output")};
   Link link;
   const Value* carried = output;
   if (!output->isGraphOutput() && output->uses().size() == 1 && isHomogeneousActivation(*output->uses().front().node) &&
@@ -114,10 +114,10 @@ std::variant<Link, LinkProblem> linkAfter(const AffineLayer& first, const RuleCo
     link.activation = output->uses().front().node;
     carried = link.activation->output(0);
     if (!carried)
-      return LinkProblem{describe(reason::kMissingOutput, "'" + link.activation->name() + "' has no output")};
+      return LinkProblem{failure(reason::kMissingOutput, "'" + link.activation->name() + "' has no output")};
     if (context.isKept(*link.activation))
       return LinkProblem{
-          describe(reason::kKeptByUser, "activation '" + link.activation->name() + "' is kept by --keep or --keep-op")};
+          failure(reason::kKeptByUser, "activation '" + link.activation->name() + "' is kept by --keep or --keep-op")};
   }
   const std::string& via = link.activation ? link.activation->name() : from;
   // A layer read directly by a non-layer (a pool, a graph output) is no candidate worth a report entry; after an
@@ -133,29 +133,29 @@ std::variant<Link, LinkProblem> linkAfter(const AffineLayer& first, const RuleCo
   const Node& second = *use.node;
   if (second.graph() != first.node->graph())
     return LinkProblem{
-        describe(reason::kLayerInOtherGraph, "'" + second.name() + "' is in another graph than '" + from + "'")};
+        failure(reason::kLayerInOtherGraph, "'" + second.name() + "' is in another graph than '" + from + "'")};
   if (isQuantized(second.input(1)))
     return LinkProblem{
-        describe(reason::kQuantizedWeights, "the weight of '" + second.name() + "' comes from DequantizeLinear")};
+        failure(reason::kQuantizedWeights, "the weight of '" + second.name() + "' comes from DequantizeLinear")};
   MatchFailure why;
   auto next = readAffineLayer(second, context, &why);
   if (!next) return LinkProblem{asLayerFailure(why)};
   if (isSpatial(first) != isSpatial(*next) || (next->isGemm() && next->transA))
-    return LinkProblem{describe(reason::kChannelAxisMismatch, "the output channels of '" + from + "' (" +
-                                                                  first.node->opType() + ") are not on the axis '" +
-                                                                  second.name() + "' (" + second.opType() +
-                                                                  ") reads as its input channels")};
+    return LinkProblem{failure(reason::kChannelAxisMismatch, "the output channels of '" + from + "' (" +
+                                                                 first.node->opType() + ") are not on the axis '" +
+                                                                 second.name() + "' (" + second.opType() +
+                                                                 ") reads as its input channels")};
   if (first.outputChannels != next->inputChannels)
-    return LinkProblem{describe(reason::kChannelAxisMismatch,
-                                "'" + from + "' has " + std::to_string(first.outputChannels) + " output channels, '" +
-                                    second.name() + "' reads " + std::to_string(next->inputChannels))};
+    return LinkProblem{failure(reason::kChannelAxisMismatch,
+                               "'" + from + "' has " + std::to_string(first.outputChannels) + " output channels, '" +
+                                   second.name() + "' reads " + std::to_string(next->inputChannels))};
   for (const Value* value : {first.weightValue, first.biasValue, next->weightValue})
     if (sharedByOthers(value))
-      return LinkProblem{describe(reason::kSharedWeights, "'" + value->name() + "' is read by " +
-                                                              std::to_string(value->uses().size()) + " nodes")};
+      return LinkProblem{failure(reason::kSharedWeights, "'" + value->name() + "' is read by " +
+                                                             std::to_string(value->uses().size()) + " nodes")};
   if (const Node* kept = keptConstantProducer(context, {first.weightValue, first.biasValue, next->weightValue}))
     return LinkProblem{
-        describe(reason::kLayerKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or --keep-op")};
+        failure(reason::kLayerKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or --keep-op")};
   link.next = std::move(*next);
   return link;
 }
