@@ -211,8 +211,8 @@ class FoldBatchNormForward final : public Rule {
   /// input): Flatten with axis 1, or a Reshape to [N, C*H*W] ([0, -1], [-1, C*H*W], [N, -1]).
   static std::optional<int64_t> featuresPerChannel(const Node& bn, const Node& flatten, const RuleContext& context,
                                                    MatchFailure* whyNot) {
-    auto shape = analysis::knownShape(*bn.input(0));
-    if (!shape) shape = analysis::knownShape(*bn.output(0));
+    auto shape = context.knownShape(*bn.input(0));
+    if (!shape) shape = context.knownShape(*bn.output(0));
     if (!shape || shape->size() < 2 ||
         std::any_of(shape->begin() + 2, shape->end(), [](int64_t d) { return d == analysis::kUnknownDim; })) {
       *whyNot = {reason::kRankUnknown, "the dims after the channel axis of the input of " + describe(bn) +

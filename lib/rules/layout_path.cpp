@@ -213,9 +213,9 @@ std::optional<int64_t> mapFeatureAxis(const LayoutPath& path, int64_t rank, int6
                                       const RuleContext& context, MatchFailure* whyNot) {
   AxisState state{Dims(static_cast<std::size_t>(rank), analysis::kUnknownDim), axis};
   state.dims[static_cast<std::size_t>(axis)] = channels;
-  auto fillFrom = [](AxisState& s, const Value* value) {
+  auto fillFrom = [&context](AxisState& s, const Value* value) {
     if (!value) return;
-    auto declared = analysis::knownShape(*value);
+    auto declared = context.knownShape(*value);
     if (!declared || declared->size() != s.dims.size()) return;
     for (std::size_t i = 0; i < s.dims.size(); ++i)
       if (s.dims[i] == analysis::kUnknownDim) s.dims[i] = (*declared)[i];
