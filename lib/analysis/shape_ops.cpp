@@ -36,6 +36,7 @@ int64_t normalized(int64_t axis, int64_t rank) { return axis < 0 ? axis + rank :
 
 OutputShape reshapeShape(const Dims& input, const Dims& target, bool allowZero) {
   OutputShape out;
+  out.dims.reserve(target.size());
   int64_t knownCount = 1;  // of the target dims, leaving out the -1 and the unknown dims a 0 copies
   std::vector<bool> copiedUnknown(input.size(), false);
   int64_t inferred = -1;
@@ -68,6 +69,7 @@ OutputShape reshapeShape(const Dims& input, const Dims& target, bool allowZero) 
   // An unknown dim a 0 copies stands on both sides (a symbolic batch, [0, -1]); any other unknown input dim leaves
   // the element count unknown.
   Dims counted;
+  counted.reserve(input.size());
   for (std::size_t i = 0; i < input.size(); ++i) {
     if (copiedUnknown[i]) continue;
     if (input[i] == kUnknownDim) return out;
@@ -91,6 +93,8 @@ OutputShape transposeShape(const Dims& input, std::vector<int64_t> perm) {
     for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
   if (static_cast<int64_t>(perm.size()) != rank) return failed(ShapeProblem::kPermRankMismatch, "has an invalid perm");
   OutputShape out;
+  out.dims.reserve(perm.size());
+  out.sourceAxis.reserve(perm.size());
   std::vector<bool> used(input.size(), false);
   for (int64_t axis : perm) {
     if (axis < 0 || axis >= rank || used[static_cast<std::size_t>(axis)])

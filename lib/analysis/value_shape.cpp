@@ -1,6 +1,10 @@
 #include "value_shape.h"
 
 #include <algorithm>
+#include <deque>
+#include <iterator>
+#include <memory_resource>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 
@@ -15,28 +19,51 @@ using Shape = std::vector<int64_t>;
 
 // Following producers is bounded so a long chain costs little; the answer is then just "unknown".
 constexpr int kMaxDepth = 32;
+// Steps left at the asked value: a producer is followed while at least one is left.
+constexpr int kStepsAtQuery = kMaxDepth + 1;
+static_assert(kStepsAtQuery < 64, "the steps at which a fact may change are bits of a uint64_t");
 
-/// What a query knows of a value's shape: the shape (nullopt when unknown), or that its sources contradict each
-/// other, which makes it unknown and every shape inferred from it too.
+/// What is known of a value's shape with a given number of steps left: the shape (nullopt when unknown), or that its
+/// sources contradict each other, which makes it unknown and every shape inferred from it too.
 struct Fact {
   std::optional<Shape> shape;
   bool contradicted = false;
+  bool operator==(const Fact& other) const { return shape == other.shape && contradicted == other.contradicted; }
 };
 
-// Where a query stands: how many producers deep, and the shapes it has worked out so far, by value and depth (the
-// answer depends on both, as the depth bound cuts inference short). Each is worked out once per query: a residual chain
-// reaches a block's input along two paths per block, and following every path cost 80 ms per query (`fold --verify`
-// on a 250-block chain took 20 s).
-struct KnownShape {
-  const Value* value;
-  int depth;
+/// A value's facts for 0..stepsKnown steps left, as runs of equal facts: runs[i] holds from runs[i].fromSteps up to
+/// the next run. Few runs: a fact changes only where one of the producer's inputs' facts does, one step further.
+struct FactRun {
+  int fromSteps;
   Fact fact;
 };
-struct Step {
-  int depth;
-  std::vector<KnownShape>* shapes;  // null for element-type queries; few, so searched in order
-  bool* inputContradicted;          // set when an input of the producer being inferred is contradicted
-  Step next() const { return {depth + 1, shapes, inputContradicted}; }
+struct Facts {
+  int stepsKnown = -1;
+  std::vector<FactRun> runs;
+  const Fact& at(int stepsLeft) const {
+    auto run = std::upper_bound(runs.begin(), runs.end(), stepsLeft,
+                                [](int steps, const FactRun& r) { return steps < r.fromSteps; });
+    return std::prev(run)->fact;
+  }
+};
+
+class ShapeStore;
+
+/// What a per-op shape rule reads: the shapes of its node's inputs with one step fewer left than its output.
+class InputShapes {
+ public:
+  InputShapes(const ShapeStore& store, const Node& node, std::size_t readable, int stepsLeft)
+      : store_(store), node_(node), readable_(readable), stepsLeft_(stepsLeft) {}
+  const std::optional<Shape>& operator()(std::size_t slot) const;
+  /// Whether an input read so far was contradicted.
+  bool contradicted() const { return contradicted_; }
+
+ private:
+  const ShapeStore& store_;
+  const Node& node_;
+  std::size_t readable_;
+  int stepsLeft_;
+  mutable bool contradicted_ = false;
 };
 
 std::optional<Shape> declaredShape(const Value& value) {
@@ -62,15 +89,6 @@ Shape broadcastShapes(const Shape& a, const Shape& b) {
     else if (db == kUnknownDim) out[i] = da;
   }
   return out;
-}
-
-Fact factOf(const Value* value, Step step);
-
-/// The shape of `value` for inferring the shape of the node that reads it (`step` is the reader's).
-std::optional<Shape> shapeOf(const Value* value, Step step) {
-  Fact fact = factOf(value, step);
-  if (fact.contradicted && step.inputContradicted) *step.inputContradicted = true;
-  return fact.shape;
 }
 
 /// Spatial output dims of a Conv or pooling window over `input` (dims 2.. of an N,C,... tensor), per the ONNX
@@ -105,26 +123,27 @@ void windowOutputDims(const Node& node, const Shape& input, const std::vector<in
   }
 }
 
-std::optional<DataType> typeOf(const Value* value, Step step);
+std::optional<DataType> typeOf(const Value* value, int depth);
 
 // ---- per-op rules: the shape and element type of output 0 from the producer's inputs and attributes ----
+// A type rule reads its inputs' types at `depth + 1`; a shape rule reads its inputs' shapes through `in`.
 
-std::optional<Shape> sameShapeAsInput(const Node& node, Step step) { return shapeOf(node.input(0), step.next()); }
-std::optional<DataType> sameTypeAsInput(const Node& node, Step step) { return typeOf(node.input(0), step.next()); }
-std::optional<DataType> castType(const Node& node, Step) { return static_cast<DataType>(node.attributeInt("to", 0)); }
+std::optional<Shape> sameShapeAsInput(const Node&, const InputShapes& in) { return in(0); }
+std::optional<DataType> sameTypeAsInput(const Node& node, int depth) { return typeOf(node.input(0), depth + 1); }
+std::optional<DataType> castType(const Node& node, int) { return static_cast<DataType>(node.attributeInt("to", 0)); }
 
 /// Conv, ConvTranspose, Gemm, MatMul: input and weight share the element type T.
-std::optional<DataType> layerType(const Node& node, Step step) {
-  if (auto type = typeOf(node.input(1), step.next())) return type;
-  return typeOf(node.input(0), step.next());
+std::optional<DataType> layerType(const Node& node, int depth) {
+  if (auto type = typeOf(node.input(1), depth + 1)) return type;
+  return typeOf(node.input(0), depth + 1);
 }
 
 /// Conv and ConvTranspose: rank and channels from the weight, spatial dims by the window formulas (Conv only).
-std::optional<Shape> convShape(const Node& node, Step step) {
-  auto weight = shapeOf(node.input(1), step.next());
+std::optional<Shape> convShape(const Node& node, const InputShapes& in) {
+  const auto& weight = in(1);
   if (!weight || weight->size() < 3) return std::nullopt;
   Shape out(weight->size(), kUnknownDim);
-  auto input = shapeOf(node.input(0), step.next());
+  const auto& input = in(0);
   if (input && !input->empty()) out[0] = (*input)[0];
   const int64_t group = node.attributeInt("group", 1);
   if (node.opType() == "Conv") out[1] = (*weight)[0];
@@ -134,19 +153,19 @@ std::optional<Shape> convShape(const Node& node, Step step) {
   return out;
 }
 
-std::optional<Shape> gemmShape(const Node& node, Step step) {
+std::optional<Shape> gemmShape(const Node& node, const InputShapes& in) {
   Shape out(2, kUnknownDim);
-  auto a = shapeOf(node.input(0), step.next());
-  auto b = shapeOf(node.input(1), step.next());
+  const auto& a = in(0);
+  const auto& b = in(1);
   if (a && a->size() == 2) out[0] = (*a)[node.attributeInt("transA", 0) ? 1 : 0];
   if (b && b->size() == 2) out[1] = (*b)[node.attributeInt("transB", 0) ? 0 : 1];
   return out;
 }
 
 /// MatMul by a 2-D weight (the layers rules fold into): the last dim becomes the weight's columns.
-std::optional<Shape> matMulShape(const Node& node, Step step) {
-  auto a = shapeOf(node.input(0), step.next());
-  auto b = shapeOf(node.input(1), step.next());
+std::optional<Shape> matMulShape(const Node&, const InputShapes& in) {
+  const auto& a = in(0);
+  const auto& b = in(1);
   if (!a || !b || b->size() != 2 || a->empty()) return std::nullopt;
   if (a->size() == 1) return Shape{(*b)[1]};
   Shape out(*a);
@@ -155,8 +174,8 @@ std::optional<Shape> matMulShape(const Node& node, Step step) {
 }
 
 /// Pooling: batch and channels pass through; the spatial dims shrink (to 1 for the global pools).
-std::optional<Shape> poolShape(const Node& node, Step step) {
-  auto input = shapeOf(node.input(0), step.next());
+std::optional<Shape> poolShape(const Node& node, const InputShapes& in) {
+  const auto& input = in(0);
   if (!input || input->size() < 3) return std::nullopt;
   const bool global = node.opType().rfind("Global", 0) == 0;
   Shape out(*input);
@@ -179,146 +198,233 @@ std::optional<std::vector<int64_t>> intsOperand(const Node& node, std::size_t sl
   return tensor->toInt64s();
 }
 
-std::optional<Shape> shapeIfFormed(const OutputShape& out) {
-  return out.ok() ? std::optional<Shape>(out.dims) : std::nullopt;
+std::optional<Shape> shapeIfFormed(OutputShape out) {
+  return out.ok() ? std::optional<Shape>(std::move(out.dims)) : std::nullopt;
 }
 
-std::optional<Shape> reshapeOutput(const Node& node, Step step) {
+std::optional<Shape> reshapeOutput(const Node& node, const InputShapes& in) {
   auto target = intsOperand(node, 1, "shape", kReshapeShapeInputOpset);
   if (!target) return std::nullopt;
   // The output's rank is the target's: with the input unknown, a 0 or -1 leaves its dim unknown, the others are known.
-  auto input = shapeOf(node.input(0), step.next()).value_or(Shape(target->size(), kUnknownDim));
-  return shapeIfFormed(reshapeShape(input, *target, node.attributeInt("allowzero", 0) != 0));
+  const auto& input = in(0);
+  const Shape unknownInput = input ? Shape() : Shape(target->size(), kUnknownDim);
+  return shapeIfFormed(reshapeShape(input ? *input : unknownInput, *target, node.attributeInt("allowzero", 0) != 0));
 }
 
-std::optional<Shape> transposeOutput(const Node& node, Step step) {
-  auto input = shapeOf(node.input(0), step.next());
+std::optional<Shape> transposeOutput(const Node& node, const InputShapes& in) {
+  const auto& input = in(0);
   if (!input) return std::nullopt;
   return shapeIfFormed(transposeShape(*input, node.attributeInts("perm")));
 }
 
-std::optional<Shape> squeezeOutput(const Node& node, Step step) {
-  auto input = shapeOf(node.input(0), step.next());
+std::optional<Shape> squeezeOutput(const Node& node, const InputShapes& in) {
+  const auto& input = in(0);
   auto axes = intsOperand(node, 1, "axes", kSqueezeAxesInputOpset);
   if (!input || !axes) return std::nullopt;
   return shapeIfFormed(node.opType() == "Squeeze" ? squeezeShape(*input, *axes) : unsqueezeShape(*input, *axes));
 }
 
-std::optional<Shape> flattenOutput(const Node& node, Step step) {
-  auto input = shapeOf(node.input(0), step.next());
+std::optional<Shape> flattenOutput(const Node& node, const InputShapes& in) {
+  const auto& input = in(0);
   if (!input) return Shape{kUnknownDim, kUnknownDim};
   return shapeIfFormed(flattenShape(*input, node.attributeInt("axis", 1)));
 }
 
 /// Add, Sub, Mul, Div: numpy broadcast of both sides.
-std::optional<Shape> broadcastShape(const Node& node, Step step) {
-  auto a = shapeOf(node.input(0), step.next());
-  auto b = shapeOf(node.input(1), step.next());
+std::optional<Shape> broadcastShape(const Node&, const InputShapes& in) {
+  const auto& a = in(0);
+  const auto& b = in(1);
   if (!a || !b) return std::nullopt;
   return broadcastShapes(*a, *b);
 }
-std::optional<DataType> binaryType(const Node& node, Step step) {
-  if (auto type = typeOf(node.input(0), step.next())) return type;
-  return typeOf(node.input(1), step.next());
+std::optional<DataType> binaryType(const Node& node, int depth) {
+  if (auto type = typeOf(node.input(0), depth + 1)) return type;
+  return typeOf(node.input(1), depth + 1);
 }
 
 struct OpShapeRule {
-  std::optional<Shape> (*shape)(const Node& producer, Step step);
-  std::optional<DataType> (*type)(const Node& producer, Step step);
+  std::optional<Shape> (*shape)(const Node& producer, const InputShapes& in);
+  std::optional<DataType> (*type)(const Node& producer, int depth);
+  std::size_t shapeReadsInputs;  // the shape rule reads the shapes of inputs 0 .. shapeReadsInputs - 1
 };
 
 /// Every op whose output shape is inferred, keyed by op type: adding an op is one entry.
 const std::unordered_map<std::string, OpShapeRule>& shapeRules() {
   static const std::unordered_map<std::string, OpShapeRule> rules = [] {
     std::unordered_map<std::string, OpShapeRule> table = {
-        {"Cast", {sameShapeAsInput, castType}},
-        {"Conv", {convShape, layerType}},
-        {"ConvTranspose", {convShape, layerType}},
-        {"Gemm", {gemmShape, layerType}},
-        {"MatMul", {matMulShape, layerType}},
-        {"Flatten", {flattenOutput, sameTypeAsInput}},
-        {"Reshape", {reshapeOutput, sameTypeAsInput}},
-        {"Transpose", {transposeOutput, sameTypeAsInput}},
-        {"Squeeze", {squeezeOutput, sameTypeAsInput}},
-        {"Unsqueeze", {squeezeOutput, sameTypeAsInput}},
+        {"Cast", {sameShapeAsInput, castType, 1}},
+        {"Conv", {convShape, layerType, 2}},
+        {"ConvTranspose", {convShape, layerType, 2}},
+        {"Gemm", {gemmShape, layerType, 2}},
+        {"MatMul", {matMulShape, layerType, 2}},
+        {"Flatten", {flattenOutput, sameTypeAsInput, 1}},
+        {"Reshape", {reshapeOutput, sameTypeAsInput, 1}},
+        {"Transpose", {transposeOutput, sameTypeAsInput, 1}},
+        {"Squeeze", {squeezeOutput, sameTypeAsInput, 1}},
+        {"Unsqueeze", {squeezeOutput, sameTypeAsInput, 1}},
     };
     // Output 0 has exactly the shape and element type of input 0.
     for (const char* op : {"Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Clip", "Elu",
                            "Selu", "Celu", "Softplus", "Softsign", "Gelu", "Mish", "Identity", "Dropout", "Neg", "Abs",
                            "Exp", "Log", "Sqrt", "Erf", "Reciprocal", "Softmax", "LogSoftmax", "LRN",
                            "BatchNormalization", "InstanceNormalization", "ThresholdedRelu", "Shrink"})
-      table.emplace(op, OpShapeRule{sameShapeAsInput, sameTypeAsInput});
+      table.emplace(op, OpShapeRule{sameShapeAsInput, sameTypeAsInput, 1});
     for (const char* op : {"MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})
-      table.emplace(op, OpShapeRule{poolShape, sameTypeAsInput});
-    for (const char* op : {"Add", "Sub", "Mul", "Div"}) table.emplace(op, OpShapeRule{broadcastShape, binaryType});
+      table.emplace(op, OpShapeRule{poolShape, sameTypeAsInput, 1});
+    for (const char* op : {"Add", "Sub", "Mul", "Div"}) table.emplace(op, OpShapeRule{broadcastShape, binaryType, 2});
     return table;
   }();
   return rules;
 }
 
-/// The rule for the producer of output 0 of `value`, or null when there is none to follow.
-const OpShapeRule* producerRule(const Value& value, Step step) {
-  const Node* producer = value.producer();
-  if (!producer || step.depth > kMaxDepth || value.producerOutputIndex() != 0) return nullptr;
-  if (!producer->isOnnxDomain()) return nullptr;
-  auto rule = shapeRules().find(producer->opType());
+/// The rule for the op type `opType`, or null when its shape is not inferred.
+const OpShapeRule* ruleFor(const std::string& opType) {
+  auto rule = shapeRules().find(opType);
   return rule == shapeRules().end() ? nullptr : &rule->second;
 }
 
-/// The shape the producer's rule gives `value`; `inputContradicted` tells whether an input's shape was contradicted.
-std::optional<Shape> inferredShape(const Value& value, Step step, bool* inputContradicted) {
-  const OpShapeRule* rule = producerRule(value, step);
-  if (!rule) return std::nullopt;
-  step.inputContradicted = inputContradicted;
-  return rule->shape(*value.producer(), step);
+/// Whether `value` is output 0 of a standard-domain node, the only outputs shape rules give.
+bool hasRuleOutput(const Value& value) {
+  return value.producer() && value.producerOutputIndex() == 0 && value.producer()->isOnnxDomain();
 }
 
-Fact workOutFact(const Value* value, Step step) {
-  if (const Tensor* tensor = value->constantTensor()) return {tensor->dims()};
-  auto declared = declaredShape(*value);
-  bool inputContradicted = false;
-  auto inferred = inferredShape(*value, step, &inputContradicted);
-  if (inputContradicted) return {std::nullopt, true};
-  if (!inferred) return {declared};
-  if (!declared) return {inferred};
-  if (inferred->size() != declared->size()) return {std::nullopt, true};
-  // Inference wins; the declared shape fills the dims it leaves unknown.
-  for (std::size_t i = 0; i < inferred->size(); ++i) {
-    const int64_t said = (*declared)[i];
-    if ((*inferred)[i] == kUnknownDim) (*inferred)[i] = said;
-    else if (said != kUnknownDim && said != (*inferred)[i]) return {std::nullopt, true};
+/// The facts worked out so far, by value. Invariant: a value's facts for up to N steps left were worked out from its
+/// producer's inputs' facts for up to N - 1, which are kept too; so whatever was inferred from a value is found by
+/// following the readers of values that have facts, and a value without any has nothing inferred from it.
+class ShapeStore {
+ public:
+  const Facts& factsOf(const Value& value, int stepsLeft) {
+    auto known = facts_.find(&value);
+    if (known != facts_.end() && known->second.stepsKnown >= stepsLeft) return known->second;
+    Facts worked = workOut(value, stepsLeft);
+    return facts_[&value] = std::move(worked);
   }
-  return {inferred};
+
+  /// The facts of a value factsOf worked out for at least `stepsLeft` steps.
+  const Fact& knownFact(const Value& value, int stepsLeft) const { return facts_.at(&value).at(stepsLeft); }
+
+  void forget(const Value& value) {
+    if (facts_.erase(&value) == 0) return;
+    // A fact with N steps left reads facts at most N producers back, so only readers within kStepsAtQuery steps of
+    // `value` can have read its facts. Breadth first, so that each reader is reached over its shortest path.
+    std::deque<std::pair<const Value*, int>> forgotten{{&value, 0}};
+    while (!forgotten.empty()) {
+      auto [next, distance] = forgotten.front();
+      forgotten.pop_front();
+      if (distance == kStepsAtQuery) continue;
+      for (const Use& use : next->uses())
+        for (const Value* output : use.node->outputs())
+          if (output && facts_.erase(output)) forgotten.emplace_back(output, distance + 1);
+    }
+  }
+
+  void clear() {
+    decltype(facts_)(&entryMemory_).swap(facts_);  // the old entries go with the temporary, their memory below
+    entryMemory_.release();
+  }
+
+ private:
+  // A node's op type is the model's one copy of it (Model::internOpType): its address stands for it.
+  const OpShapeRule* producerRule(const Value& value) {
+    if (!hasRuleOutput(value)) return nullptr;
+    const std::string& opType = value.producer()->opType();
+    auto known = rulesByOpType_.find(&opType);
+    if (known == rulesByOpType_.end()) known = rulesByOpType_.emplace(&opType, ruleFor(opType)).first;
+    return known->second;
+  }
+
+  Facts workOut(const Value& value, int stepsLeft) {
+    if (const Tensor* tensor = value.constantTensor()) return everywhere({tensor->dims()});
+    auto declared = declaredShape(value);
+    const OpShapeRule* rule = producerRule(value);
+    if (!rule) return everywhere({declared});
+    Facts facts{stepsLeft, {{0, {declared}}}};  // no step left: the producer is not followed
+    if (stepsLeft == 0) return facts;
+    const Node& producer = *value.producer();
+    // The fact can change only with one more step than where an input's fact changes (bit N: at N steps left).
+    uint64_t changes = uint64_t{1} << 1;
+    for (std::size_t slot = 0; slot < rule->shapeReadsInputs; ++slot) {
+      const Value* input = producer.input(slot);
+      if (!input) continue;
+      for (const FactRun& run : factsOf(*input, stepsLeft - 1).runs)
+        if (run.fromSteps < stepsLeft) changes |= uint64_t{1} << (run.fromSteps + 1);
+    }
+    for (int steps = 1; steps <= stepsLeft; ++steps) {
+      if (!(changes >> steps & 1)) continue;
+      Fact fact = inferredFact(producer, *rule, declared, steps - 1);
+      if (!(fact == facts.runs.back().fact)) facts.runs.push_back({steps, std::move(fact)});
+    }
+    return facts;
+  }
+
+  static Facts everywhere(Fact fact) { return {kStepsAtQuery, {{0, std::move(fact)}}}; }
+
+  /// The fact the producer's rule gives its output from its inputs' facts with `inputStepsLeft` steps left, merged
+  /// with the declared shape: inference wins, the declared shape fills the dims it leaves unknown.
+  Fact inferredFact(const Node& producer, const OpShapeRule& rule, const std::optional<Shape>& declared,
+                    int inputStepsLeft) const {
+    InputShapes in(*this, producer, rule.shapeReadsInputs, inputStepsLeft);
+    auto inferred = rule.shape(producer, in);
+    if (in.contradicted()) return {std::nullopt, true};
+    if (!inferred) return {declared};
+    if (!declared) return {inferred};
+    if (inferred->size() != declared->size()) return {std::nullopt, true};
+    for (std::size_t i = 0; i < inferred->size(); ++i) {
+      const int64_t said = (*declared)[i];
+      if ((*inferred)[i] == kUnknownDim) (*inferred)[i] = said;
+      else if (said != kUnknownDim && said != (*inferred)[i]) return {std::nullopt, true};
+    }
+    return {inferred};
+  }
+
+  // The entries' memory goes all at once, with the store or clear(); a forgotten entry's is not given back before.
+  std::pmr::monotonic_buffer_resource entryMemory_;
+  std::pmr::unordered_map<const Value*, Facts> facts_{&entryMemory_};
+  std::unordered_map<const std::string*, const OpShapeRule*> rulesByOpType_;
+};
+
+const std::optional<Shape>& InputShapes::operator()(std::size_t slot) const {
+  static const std::optional<Shape> kOmitted;
+  if (slot >= readable_) throw std::logic_error("shape rule of " + node_.opType() + " reads an input it did not declare");
+  const Value* input = node_.input(slot);
+  if (!input) return kOmitted;
+  const Fact& fact = store_.knownFact(*input, stepsLeft_);
+  if (fact.contradicted) contradicted_ = true;
+  return fact.shape;
 }
 
-Fact factOf(const Value* value, Step step) {
-  if (!value) return {};
-  // Paths meet again only at a value read more than once: only those are worth remembering.
-  if (value->uses().size() < 2) return workOutFact(value, step);
-  for (const KnownShape& known : *step.shapes)
-    if (known.value == value && known.depth == step.depth) return known.fact;
-  Fact fact = workOutFact(value, step);
-  step.shapes->push_back({value, step.depth, fact});
-  return fact;
-}
-
-std::optional<DataType> typeOf(const Value* value, Step step) {
-  if (!value || step.depth > kMaxDepth) return std::nullopt;
+std::optional<DataType> typeOf(const Value* value, int depth) {
+  if (!value || depth > kMaxDepth) return std::nullopt;
   if (const Tensor* tensor = value->constantTensor()) return tensor->dataType();
   if (const onnx::TypeProto* declared = value->declaredType())
     if (declared->has_tensor_type() && declared->tensor_type().elem_type() != 0)
       return static_cast<DataType>(declared->tensor_type().elem_type());
-  const OpShapeRule* rule = producerRule(*value, step);
-  return rule ? rule->type(*value->producer(), step) : std::nullopt;
+  const OpShapeRule* rule = hasRuleOutput(*value) ? ruleFor(value->producer()->opType()) : nullptr;
+  return rule ? rule->type(*value->producer(), depth) : std::nullopt;
 }
 
 }  // namespace
 
-std::optional<std::vector<int64_t>> knownShape(const Value& value) {
-  std::vector<KnownShape> shapes;
-  return factOf(&value, Step{0, &shapes, nullptr}).shape;
+class ShapeFacts::Store : public ShapeStore {};
+
+ShapeFacts::ShapeFacts() : store_(std::make_unique<Store>()) {}
+ShapeFacts::~ShapeFacts() = default;
+
+std::optional<std::vector<int64_t>> ShapeFacts::knownShape(const Value& value) {
+  return store_->factsOf(value, kStepsAtQuery).at(kStepsAtQuery).shape;
 }
 
-std::optional<DataType> knownElementType(const Value& value) { return typeOf(&value, Step{0, nullptr, nullptr}); }
+void ShapeFacts::forget(const Value& value) { store_->forget(value); }
+
+void ShapeFacts::forgetOutputsOf(const Node& node) {
+  for (const Value* output : node.outputs())
+    if (output) store_->forget(*output);
+}
+
+void ShapeFacts::clear() { store_->clear(); }
+
+std::optional<std::vector<int64_t>> knownShape(const Value& value) { return ShapeFacts().knownShape(value); }
+
+std::optional<DataType> knownElementType(const Value& value) { return typeOf(&value, 0); }
 
 }  // namespace bnfold::analysis

@@ -12,7 +12,14 @@
 // shape inferred from it, whatever is declared further on. Nothing else is guessed: an unknown shape stays unknown
 // and the rule declines with a reason.
 
+//
+// Inference follows producers at most kMaxDepth steps from the value asked about, so an answer depends on how far the
+// asked value is from where shapes become known. ShapeFacts remembers, for each value it worked out, its shape at every
+// number of steps left (a few runs of equal answers), so that a later query starting elsewhere reads them instead of
+// following the same producers again.
+
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -21,8 +28,30 @@
 
 namespace bnfold::analysis {
 
-/// The value's dims as far as known (kUnknownDim for unknown ones), or nullopt when even the rank is unknown.
+/// The value's dims as far as known (kUnknownDim for unknown ones), or nullopt when even the rank is unknown. Works
+/// the answer out afresh; ShapeFacts gives the same answers and remembers them.
 std::optional<std::vector<int64_t>> knownShape(const Value& value);
+
+/// knownShape for many queries on one model: what one query worked out serves the next. Its answers stay exact only
+/// while it is told of every change before the next query: forget(value) for each value whose own sources change (its
+/// producer, that producer's inputs or attributes, its constant, its declared type or name); what was inferred from
+/// the value is forgotten with it.
+class ShapeFacts {
+ public:
+  ShapeFacts();
+  ~ShapeFacts();
+  ShapeFacts(const ShapeFacts&) = delete;
+  ShapeFacts& operator=(const ShapeFacts&) = delete;
+
+  std::optional<std::vector<int64_t>> knownShape(const Value& value);
+  void forget(const Value& value);
+  void forgetOutputsOf(const Node& node);
+  void clear();
+
+ private:
+  class Store;
+  std::unique_ptr<Store> store_;
+};
 
 /// The value's element type when it is known, else nullopt.
 std::optional<DataType> knownElementType(const Value& value);

@@ -48,6 +48,7 @@ class Driver final : public RewriteListener {
   void run() {
     rewriter_.addListener(this);
     rewriter_.addListener(&roots_);
+    context_.followChanges(rewriter_);
     for (RewriteListener* listener : options_.listeners) rewriter_.addListener(listener);
     for (;;) {
       bool fromScan = true;
@@ -61,6 +62,7 @@ class Driver final : public RewriteListener {
     }
     rewriter_.removeListener(this);
     rewriter_.removeListener(&roots_);
+    context_.stopFollowing(rewriter_);
     for (RewriteListener* listener : options_.listeners) rewriter_.removeListener(listener);
     rewriter_.finish();
   }

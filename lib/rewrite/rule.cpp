@@ -4,13 +4,53 @@
 
 #include <algorithm>
 
+#include "analysis/value_shape.h"
+#include "bnfold/rewrite/rewriter.h"
 #include "constant_eval.h"
 
 namespace bnfold {
 
+// The shapes the rules asked for. Following a Rewriter, it forgets what each change can affect: the outputs of a
+// changed node, both values of a replacement, and (ShapeFacts::forget) what was inferred from them.
+class RuleContext::Shapes final : public RewriteListener {
+ public:
+  analysis::ShapeFacts facts;
+  bool following = false;
+  uint64_t changeCountSeen = 0;  // when not following: the model's changeCount the facts were worked out at
+
+  void nodeWillChange(const Node& node) override { facts.forgetOutputsOf(node); }
+  void nodeChanged(const Node& node) override { facts.forgetOutputsOf(node); }
+  void valueReplaced(const Value& from, const Value& to) override {
+    facts.forget(from);
+    facts.forget(to);
+  }
+};
+
 RuleContext::RuleContext(const Model& model, const RuleOptions& options)
-    : model_(model), options_(options), evaluator_(std::make_unique<ConstantEvaluator>(*this)) {}
+    : model_(model),
+      options_(options),
+      evaluator_(std::make_unique<ConstantEvaluator>(*this)),
+      shapes_(std::make_unique<Shapes>()) {}
 RuleContext::~RuleContext() = default;
+
+std::optional<std::vector<int64_t>> RuleContext::knownShape(const Value& value) const {
+  if (!shapes_->following && shapes_->changeCountSeen != model_.changeCount()) {
+    shapes_->facts.clear();
+    shapes_->changeCountSeen = model_.changeCount();
+  }
+  return shapes_->facts.knownShape(value);
+}
+
+void RuleContext::followChanges(Rewriter& rewriter) const {
+  rewriter.addListener(shapes_.get());
+  shapes_->following = true;
+}
+
+void RuleContext::stopFollowing(Rewriter& rewriter) const {
+  rewriter.removeListener(shapes_.get());
+  shapes_->following = false;
+  shapes_->changeCountSeen = model_.changeCount();
+}
 
 bool globMatch(const std::string& pattern, const std::string& name) {
   return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;

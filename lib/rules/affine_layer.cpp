@@ -5,7 +5,6 @@
 #include "bnfold/dims_text.h"
 #include "opset_emit.h"
 #include "scaled_weight.h"
-#include "analysis/value_shape.h"
 
 namespace bnfold::rules {
 
@@ -74,7 +73,7 @@ std::optional<AffineLayer> readAffineLayer(const Node& node, const RuleContext& 
 
   if (layer.isMatMul()) {
     if (const Value* input = node.input(0))
-      if (auto shape = analysis::knownShape(*input); shape && !shape->empty())
+      if (auto shape = context.knownShape(*input); shape && !shape->empty())
         layer.outputRank = static_cast<int64_t>(shape->size());
   } else {
     layer.biasSlot = 2;

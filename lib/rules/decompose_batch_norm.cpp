@@ -70,8 +70,8 @@ class DecomposeBatchNorm final : public Rule {
 
     auto match = std::make_unique<Decomposition>();
     match->legacyBroadcast = context.opset() < kNumpyBroadcastOpset;
-    std::optional<std::vector<int64_t>> shape = analysis::knownShape(*x);
-    if (!shape) shape = analysis::knownShape(*bn.output(0));
+    std::optional<std::vector<int64_t>> shape = context.knownShape(*x);
+    if (!shape) shape = context.knownShape(*bn.output(0));
     if (match->legacyBroadcast) {
       // axis=1 aligns the constants with X's axes from the channel axis on, whatever X's rank.
       if (shape && shape->size() < 2)

@@ -89,31 +89,31 @@ struct LinkProblem {
   bool quiet = false;
 };
 
-MatchFailure describe(ReasonCode code, std::string message) { return MatchFailure{code, std::move(message)}; }
+MatchFailure failure(ReasonCode code, std::string message) { return MatchFailure{code, std::move(message)}; }
 
 // Why the output of `value`'s readers cannot carry a per-channel scale to one layer.
 MatchFailure readersProblem(const Value& value, const std::string& from) {
   if (value.isGraphOutput())
-    return describe(reason::kLayerHasOtherConsumers, "'" + value.name() + "' after '" + from + "' is a graph output");
+    return failure(reason::kLayerHasOtherConsumers, "'" + value.name() + "' after '" + from + "' is a graph output");
   for (const Use& use : value.uses()) {
     if (isResidualJoin(*use.node))
-      return describe(reason::kResidualAdd, "'" + value.name() + "' after '" + from + "' is added by '" +
-                                                use.node->name() + "' (" + use.node->opType() +
-                                                ") to another path, which would need the same scales");
+      return failure(reason::kResidualAdd, "'" + value.name() + "' after '" + from + "' is added by '" +
+                                               use.node->name() + "' (" + use.node->opType() +
+                                               ") to another path, which would need the same scales");
     if (isNonHomogeneousActivation(*use.node))
-      return describe(reason::kNonHomogeneousActivation,
-                      "'" + use.node->name() + "' (" + use.node->opType() + ") after '" + from +
-                          "' is not positively homogeneous: a channel scale does not pass through it");
+      return failure(reason::kNonHomogeneousActivation,
+                     "'" + use.node->name() + "' (" + use.node->opType() + ") after '" + from +
+                         "' is not positively homogeneous: a channel scale does not pass through it");
   }
   if (value.uses().size() > 1)
-    return describe(reason::kLayerHasOtherConsumers, "'" + value.name() + "' after '" + from + "' is read by " +
-                                                         std::to_string(value.uses().size()) + " nodes");
+    return failure(reason::kLayerHasOtherConsumers, "'" + value.name() + "' after '" + from + "' is read by " +
+                                                        std::to_string(value.uses().size()) + " nodes");
   if (value.uses().empty())
-    return describe(reason::kReaderNotLayer, "'" + value.name() + "' after '" + from + "' is not read");
+    return failure(reason::kReaderNotLayer, "'" + value.name() + "' after '" + from + "' is not read");
   const Node& reader = *value.uses().front().node;
-  return describe(reason::kReaderNotLayer, "'" + value.name() + "' after '" + from + "' is read by '" + reader.name() +
-                                               "' (" + reader.opType() +
-                                               "), not as the data input of a Conv, ConvTranspose, Gemm or MatMul");
+  return failure(reason::kReaderNotLayer, "'" + value.name() + "' after '" + from + "' is read by '" + reader.name() +
+                                              "' (" + reader.opType() +
+                                              "), not as the data input of a Conv, ConvTranspose, Gemm or MatMul");
 }
 
 // Layer `first`'s output after at most one homogeneous activation that alone reads it.
@@ -125,16 +125,16 @@ struct Carried {
 std::variant<Carried, LinkProblem> carriedOutput(const AffineLayer& first, const RuleContext& context) {
   const std::string& from = first.node->name();
   const Value* output = first.node->output(0);
-  if (!output) return LinkProblem{describe(reason::kMissingOutput, "'" + from + "' has no output")};
+  if (!output) return LinkProblem{failure(reason::kMissingOutput, "'" + from + "' has no output")};
   Carried carried{nullptr, output};
   if (!output->isGraphOutput() && output->uses().size() == 1 && isHomogeneousActivation(*output->uses().front().node) &&
       output->uses().front().slot == 0) {
     carried.activation = output->uses().front().node;
     carried.value = carried.activation->output(0);
     if (!carried.value)
-      return LinkProblem{describe(reason::kMissingOutput, "'" + carried.activation->name() + "' has no output")};
+      return LinkProblem{failure(reason::kMissingOutput, "'" + carried.activation->name() + "' has no output")};
     if (context.isKept(*carried.activation))
-      return LinkProblem{describe(reason::kKeptByUser,
+      return LinkProblem{failure(reason::kKeptByUser,
                                   "activation '" + carried.activation->name() + "' is kept by --keep or --keep-op")};
   }
   return carried;
@@ -147,21 +147,21 @@ std::variant<AffineLayer, LinkProblem> readerLayer(const Node& second, const Aff
   const std::string& from = first.node->name();
   if (second.graph() != first.node->graph())
     return LinkProblem{
-        describe(reason::kLayerInOtherGraph, "'" + second.name() + "' is in another graph than '" + from + "'")};
+        failure(reason::kLayerInOtherGraph, "'" + second.name() + "' is in another graph than '" + from + "'")};
   if (isQuantized(second.input(1)))
     return LinkProblem{
-        describe(reason::kQuantizedWeights, "the weight of '" + second.name() + "' comes from DequantizeLinear")};
+        failure(reason::kQuantizedWeights, "the weight of '" + second.name() + "' comes from DequantizeLinear")};
   MatchFailure why;
   auto next = readAffineLayer(second, context, &why);
   if (!next) return LinkProblem{asLayerFailure(why)};
   const bool sameAxis = block == 1 ? isSpatial(first) == isSpatial(*next) : isSpatial(first) && !isSpatial(*next);
   if (!sameAxis || (next->isGemm() && next->transA))
-    return LinkProblem{describe(reason::kChannelAxisMismatch, "the output channels of '" + from + "' (" +
+    return LinkProblem{failure(reason::kChannelAxisMismatch, "the output channels of '" + from + "' (" +
                                                                   first.node->opType() + ") are not on the axis '" +
                                                                   second.name() + "' (" + second.opType() +
                                                                   ") reads as its input channels")};
   if (checkedProduct(first.outputChannels, block) != next->inputChannels)
-    return LinkProblem{describe(reason::kChannelAxisMismatch,
+    return LinkProblem{failure(reason::kChannelAxisMismatch,
                                 "'" + from + "' has " + std::to_string(first.outputChannels) + " output channels" +
                                     (block > 1 ? " of " + std::to_string(block) + " features each" : std::string()) +
                                     ", '" + second.name() + "' reads " + std::to_string(next->inputChannels))};
@@ -172,11 +172,11 @@ std::variant<AffineLayer, LinkProblem> readerLayer(const Node& second, const Aff
 std::optional<LinkProblem> weightsProblem(const std::vector<const Value*>& values, const RuleContext& context) {
   for (const Value* value : values)
     if (sharedByOthers(value))
-      return LinkProblem{describe(reason::kSharedWeights, "'" + value->name() + "' is read by " +
+      return LinkProblem{failure(reason::kSharedWeights, "'" + value->name() + "' is read by " +
                                                               std::to_string(value->uses().size()) + " nodes")};
   if (const Node* kept = keptConstantProducer(context, values))
     return LinkProblem{
-        describe(reason::kLayerKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or --keep-op")};
+        failure(reason::kLayerKeptByUser, "Constant node '" + kept->name() + "' is kept by --keep or --keep-op")};
   return std::nullopt;
 }
 
@@ -321,7 +321,7 @@ std::variant<Junction, LinkProblem> concatJunction(const Node& concat, const Rul
   junction.concat = &concat;
   const std::string& name = concat.name();
   const Value* output = concat.output(0);
-  if (!output) return LinkProblem{describe(reason::kMissingOutput, "'" + name + "' has no output")};
+  if (!output) return LinkProblem{failure(reason::kMissingOutput, "'" + name + "' has no output")};
   if (output->isGraphOutput() || output->uses().size() != 1 || !isAffineLayerOp(*output->uses().front().node) ||
       output->uses().front().slot != 0)
     return LinkProblem{readersProblem(*output, name)};
@@ -330,59 +330,59 @@ std::variant<Junction, LinkProblem> concatJunction(const Node& concat, const Rul
     const std::string which = "input " + std::to_string(i) + " of '" + name + "'";
     const Node* activation = input ? input->producer() : nullptr;
     if (activation && isNonHomogeneousActivation(*activation) && fromLayer(activation->input(0)))
-      return LinkProblem{describe(reason::kNonHomogeneousActivation,
+      return LinkProblem{failure(reason::kNonHomogeneousActivation,
                                   "'" + activation->name() + "' (" + activation->opType() + ") before '" + name +
                                       "' is not positively homogeneous: a channel scale does not pass through it")};
     if (!fromLayer(input))
-      return LinkProblem{describe(reason::kNoFoldableProducer,
+      return LinkProblem{failure(reason::kNoFoldableProducer,
                                   which + " does not come from a Conv, ConvTranspose, Gemm or MatMul (through at most "
                                           "one Relu, LeakyRelu or PRelu)")};
     if (input->isGraphOutput() || input->uses().size() != 1)
       return LinkProblem{
-          describe(reason::kLayerHasOtherConsumers, which + " is a graph output or read by other nodes too")};
+          failure(reason::kLayerHasOtherConsumers, which + " is a graph output or read by other nodes too")};
     JunctionProducerLayer producer;
     const Node* node = input->producer();
     if (node && isHomogeneousActivation(*node) && node->input(0)) {
       producer.activation = node;
       if (context.isKept(*node))
         return LinkProblem{
-            describe(reason::kKeptByUser, "activation '" + node->name() + "' is kept by --keep or --keep-op")};
+            failure(reason::kKeptByUser, "activation '" + node->name() + "' is kept by --keep or --keep-op")};
       const Value* layerOutput = node->input(0);
       if (layerOutput->isGraphOutput() || layerOutput->uses().size() != 1)
-        return LinkProblem{describe(reason::kLayerHasOtherConsumers,
+        return LinkProblem{failure(reason::kLayerHasOtherConsumers,
                                     "'" + layerOutput->name() + "' before '" + name + "' is read by other nodes too")};
       node = layerOutput->producer();
     }
     if (node->graph() != concat.graph())
       return LinkProblem{
-          describe(reason::kLayerInOtherGraph, "'" + node->name() + "' is in another graph than '" + name + "'")};
+          failure(reason::kLayerInOtherGraph, "'" + node->name() + "' is in another graph than '" + name + "'")};
     if (isQuantized(node->input(1)))
       return LinkProblem{
-          describe(reason::kQuantizedWeights, "the weight of '" + node->name() + "' comes from DequantizeLinear")};
+          failure(reason::kQuantizedWeights, "the weight of '" + node->name() + "' comes from DequantizeLinear")};
     MatchFailure why;
     auto layer = readAffineLayer(*node, context, &why);
     if (!layer) return LinkProblem{asLayerFailure(why)};
     const int64_t rank = isSpatial(*layer) ? static_cast<int64_t>(layer->weight->dims().size())
                                            : (layer->isGemm() ? 2 : layer->outputRank);
     if (rank < 1)
-      return LinkProblem{describe(reason::kRankUnknown, "the rank of the output of '" + node->name() +
+      return LinkProblem{failure(reason::kRankUnknown, "the rank of the output of '" + node->name() +
                                                             "' is not known, so the axis of '" + name +
                                                             "' cannot be matched with its channels")};
     int64_t axis = concat.attributeInt("axis", 1);
     if (axis < 0) axis += rank;
     if (axis != layer->outputChannelAxis())
-      return LinkProblem{describe(reason::kChannelAxisMismatch, "'" + name + "' joins axis " + std::to_string(axis) +
+      return LinkProblem{failure(reason::kChannelAxisMismatch, "'" + name + "' joins axis " + std::to_string(axis) +
                                                                     ", not the channel axis of '" + node->name() +
                                                                     "' (" + node->opType() + ")")};
     if (!junction.producers.empty() && isSpatial(*layer) != isSpatial(junction.producers.front().layer))
-      return LinkProblem{describe(reason::kChannelAxisMismatch,
+      return LinkProblem{failure(reason::kChannelAxisMismatch,
                                   "'" + name + "' joins the outputs of spatial and non-spatial layers")};
     producer.layer = std::move(*layer);
     junction.channels += static_cast<std::size_t>(producer.layer.outputChannels);
     junction.producers.push_back(std::move(producer));
   }
   if (junction.producers.empty())
-    return LinkProblem{describe(reason::kNoFoldableProducer, "'" + name + "' has no inputs")};
+    return LinkProblem{failure(reason::kNoFoldableProducer, "'" + name + "' has no inputs")};
   // The reader sees the Concat as one layer with all the producers' channels.
   AffineLayer joined = junction.producers.front().layer;
   joined.outputChannels = static_cast<int64_t>(junction.channels);

@@ -49,10 +49,10 @@ DataType inputElementType(const Node& bn, int64_t opset) {
 }
 
 // X's rank, known for X or Y (declared, or from the layer computing X).
-std::optional<int64_t> inputRank(const Node& bn) {
+std::optional<int64_t> inputRank(const Node& bn, const RuleContext& context) {
   for (const Value* value : {bn.input(0), bn.output(kY)})
     if (value)
-      if (auto shape = analysis::knownShape(*value)) return static_cast<int64_t>(shape->size());
+      if (auto shape = context.knownShape(*value)) return static_cast<int64_t>(shape->size());
   return std::nullopt;
 }
 
@@ -124,7 +124,7 @@ class ExpandTrainingBatchNorm : public Rule {
                                   "mean/var are empty, so the running statistics it outputs are undefined, yet they "
                                   "are read");
 
-    const std::optional<int64_t> rank = inputRank(bn);
+    const std::optional<int64_t> rank = inputRank(bn, context);
     if (!rank)
       return MatchResult::failure(reason::kRankUnknown, "the rank of input '" + bn.input(0)->name() +
                                                       "' is not known (not declared, and no Conv/Gemm computing it "

@@ -30,7 +30,6 @@
 #include "opset_emit.h"
 #include "rules.h"
 #include "rewrite/understood_ops.h"
-#include "analysis/value_shape.h"
 #include "rewrite/op_versions.h"
 
 namespace bnfold::rules {
@@ -185,8 +184,8 @@ class FoldBatchNormIntoLayer final : public Rule {
     const bool directMatMul = match->path.steps.empty() && !isConcat && match->parts[0].layer.isMatMul();
     if (directMatMul) {
       // BN normalizes axis 1; MatMul's output channels are its last axis. They coincide only for 2-D outputs.
-      std::optional<std::vector<int64_t>> shape = analysis::knownShape(*bn.output(0));
-      if (!shape) shape = analysis::knownShape(*x);
+      std::optional<std::vector<int64_t>> shape = context.knownShape(*bn.output(0));
+      if (!shape) shape = context.knownShape(*x);
       if (!shape) {
         return MatchResult::failure(
             reason::kRankUnknown, "the rank of the output of " + describe(*source) +

@@ -19,7 +19,6 @@
 #include "bnfold/rewrite/rewriter.h"
 #include "rules.h"
 #include "rewrite/understood_ops.h"
-#include "analysis/value_shape.h"
 
 namespace bnfold::rules {
 namespace {
@@ -172,7 +171,7 @@ class FoldScaleIntoWeights final : public Rule {
     const int64_t channelIndex = channelAxis - (rank - tensor->rank());  // k's axis on the channel axis
     const bool couldSpreadChannel = channelIndex >= 0 && constDims[static_cast<std::size_t>(channelIndex)] > 1;
     if (couldRaiseRank || couldSpreadChannel) {
-      const auto shape = analysis::knownShape(*input);
+      const auto shape = context.knownShape(*input);
       if (!shape || static_cast<int64_t>(shape->size()) != rank ||
           (couldSpreadChannel && (*shape)[static_cast<std::size_t>(channelAxis)] != layer->inputChannels)) {
         const std::string known = shape ? formatDims(*shape) : std::string("unknown");

@@ -213,9 +213,9 @@ std::optional<int64_t> mapFeatureAxis(const LayoutPath& path, int64_t rank, int6
                                       const RuleContext& context, MatchFailure* whyNot) {
   AxisState state{Dims(static_cast<std::size_t>(rank), analysis::kUnknownDim), axis};
   state.dims[static_cast<std::size_t>(axis)] = channels;
-  auto fillFrom = [](AxisState& s, const Value* value) {
+  auto fillFrom = [&context](AxisState& s, const Value* value) {
     if (!value) return;
-    auto declared = analysis::knownShape(*value);
+    auto declared = context.knownShape(*value);
     if (!declared || declared->size() != s.dims.size()) return;
     for (std::size_t i = 0; i < s.dims.size(); ++i)
       if (s.dims[i] == analysis::kUnknownDim) s.dims[i] = (*declared)[i];
@@ -234,7 +234,7 @@ std::optional<int64_t> featuresPerChannel(const Node& source, std::initializer_l
                                           const Node& flatten, const RuleContext& context, MatchFailure* whyNot) {
   std::optional<Dims> shape;
   for (const Value* value : sameShape)
-    if (value && !shape) shape = analysis::knownShape(*value);
+    if (value && !shape) shape = context.knownShape(*value);
   if (!shape || shape->size() < 2 || !known(*shape, 2)) {
     *whyNot = {reason::kRankUnknown, "the dims after the channel axis of the output of " + describe(source) +
                                          " are not known, so the features each channel becomes after " +

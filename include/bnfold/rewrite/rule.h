@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -124,10 +125,20 @@ class RuleContext {
   /// Runs `rule`'s match at `root`; a successful result carries the constants the match evaluated.
   MatchResult match(const Rule& rule, const Node& root) const;
 
+  /// The value's dims as far as known (-1 for an unknown dim), or nullopt when even the rank is unknown: the shape
+  /// layer's answer (bnfold::analysis::knownShape), remembered between matches. While the context follows the
+  /// Rewriter that changes the model, a change forgets only the shapes it can affect; otherwise any change forgets all.
+  std::optional<std::vector<int64_t>> knownShape(const Value& value) const;
+  /// From now until stopFollowing, `rewriter` tells this context of every change it makes.
+  void followChanges(Rewriter& rewriter) const;
+  void stopFollowing(Rewriter& rewriter) const;
+
  private:
+  class Shapes;
   const Model& model_;
   const RuleOptions& options_;
   std::unique_ptr<ConstantEvaluator> evaluator_;
+  std::unique_ptr<Shapes> shapes_;
 };
 
 class Rule {
