@@ -22,6 +22,7 @@
 #include <variant>
 
 #include "affine_layer.h"
+#include "bnfold/rewrite/pre_activation_statistics.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "kernels/equalize_math.h"
 #include "rewrite/understood_ops.h"
@@ -275,6 +276,11 @@ class EqualizeLayers final : public Rule {
         if (auto bias = foldedBias(layer, {inverse, std::vector<double>(inverse.size(), 0.0)}))
           writeBias(rewriter, layer, *bias);
       }
+      // The pre-activation statistics high-bias absorption reads follow the output channels.
+      if (scalesOutput)
+        rewriter.statistics().divideChannels(*layer.node, applied[k]);
+      else
+        rewriter.statistics().outputUnchanged(*layer.node);
     }
     // The activations are unchanged, but the layers around them are exact only together with them.
     for (const Node* activation : match.activations)
