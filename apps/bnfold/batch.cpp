@@ -29,6 +29,10 @@ void addRuleFlags(CLI::App& command, RuleFlags& flags) {
                    "Cross-layer equalization after folding (same as --rules +equalize): rescale channels between "
                    "layers joined by Relu/LeakyRelu/PRelu (also a fan-out, a channel-axis Concat, Conv -> Flatten -> "
                    "Gemm) so per-tensor int8 weights lose less; exact in float (see docs/quantization.md)");
+  command.add_flag("--absorb-high-bias", flags.absorbHighBias,
+                   "High-bias absorption after --equalize (needs it; same as --rules +absorb-high-bias): move "
+                   "max(0, beta - 3|gamma|) of a folded BN's channels through a Relu into the next layer's bias, for "
+                   "activation quantization; exact where the pre-activation stays above it (see docs/quantization.md)");
   command.add_option("--max-constant-size", flags.maxConstantMiB,
                      "Largest result (MiB) of an op that is evaluated when a weight or BN parameter is computed from "
                      "constants (Identity, Cast, Reshape, Add(var, eps), ...)")

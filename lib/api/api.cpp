@@ -16,11 +16,21 @@ namespace fs = std::filesystem;
 
 DriverOptions driverOptionsFrom(const RuleSettings& settings) {
   DriverOptions options;
+  std::string selection = settings.rules;
+  if (settings.equalize) selection += ",+equalize";
+  if (settings.absorbHighBias) selection += ",+absorb-high-bias";
   try {
-    options.rules = parseRuleSelection(settings.equalize ? settings.rules + ",+equalize" : settings.rules);
+    options.rules = parseRuleSelection(selection);
   } catch (const std::invalid_argument& e) {
     throw Error("", std::string("--rules: ") + e.what());
   }
+  // High-bias absorption reads the BN statistics as equalization left them; alone it is not what users ask for.
+  auto selected = [&](const char* rule) {
+    return std::find(options.rules.begin(), options.rules.end(), rule) != options.rules.end();
+  };
+  if (selected("absorb-high-bias") && !selected("equalize"))
+    throw Error("", settings.absorbHighBias ? "--absorb-high-bias needs --equalize"
+                                            : "--rules: absorb-high-bias needs equalize (+equalize or --equalize)");
   if (!(settings.maxConstantMiB >= 0)) throw Error("", "--max-constant-size: must be a number of MiB, 0 or more");
   options.ruleOptions.keepNodes = settings.keepNodes;
   options.ruleOptions.keepOps = settings.keepOps;

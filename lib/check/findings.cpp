@@ -254,9 +254,8 @@ std::vector<Finding> findingsOf(Model& model, const Report& report, const std::s
   }
   // Sections a newer rule may add are findings too.
   for (const auto& [key, value] : report.json().items()) {
-    // not_equalized: links equalize left alone, which change nothing.
-    if (!value.is_array() || key == "rules" || key == "skipped" || key == "not_equalized" || key == kReorderedSection)
-      continue;
+    // Links equalize or absorb-high-bias left alone change nothing.
+    if (!value.is_array() || key == "rules" || Report::isLeftAloneSection(key) || key == kReorderedSection) continue;
     if (std::find(std::begin(kReportSections), std::end(kReportSections), key) != std::end(kReportSections)) continue;
     for (const auto& entry : value) findings.push_back(rewriteFinding(key, entry));
   }

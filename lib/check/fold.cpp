@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <optional>
-#include <unordered_set>
+#include <set>
+#include <string>
 #include <stdexcept>
 
 #include "bnfold/rewrite/driver.h"
+#include "bnfold/rewrite/pre_activation_statistics.h"
 #include "fold_testing.h"
 #include "skipped_batch_norms.h"
 #include "verify/rewrite_verifier.h"
@@ -35,7 +37,7 @@ class FailureSections final : public DriverObserver {
                    const std::vector<RuleFailure>& failures) override {
     for (const RuleFailure& failure : failures) {
       const char* section = failure.rule->failureSection();
-      if (!section || failure.failure.quiet || !logged_.insert(&root).second) continue;
+      if (!section || failure.failure.quiet || !logged_.insert({&root, section}).second) continue;
       report_.add(section, nlohmann::json{{"rule", failure.rule->name()},
                                           {"node", root.name()},
                                           {"op", root.opType()},
@@ -46,15 +48,15 @@ class FailureSections final : public DriverObserver {
 
  private:
   Report& report_;
-  std::unordered_set<const Node*> logged_;
+  std::set<std::pair<const Node*, std::string>> logged_;  // one entry per node and section
 };
 
 void fold(Model& model, const DriverOptions& options, const FaultInjector& injectFault, Report& report) {
   report.setOpset(model.opsetVersion(""));
   report.setRules(options.rules);
   report.setReorderedGraphs(model.reorderedGraphs());
-  // Rules that run once the others reached their fixed point (Rule::runsAfterFixedPoint): a second run of the
-  // driver, each root visited once.
+  // Rules that run once the others reached their fixed point (Rule::runsAfterFixedPoint): a run of the driver
+  // each, each root visited once.
   std::vector<const Rule*> rules;
   std::vector<const Rule*> lateRules;
   for (const Rule* rule : rulesNamed(options.rules)) (rule->runsAfterFixedPoint() ? lateRules : rules).push_back(rule);
@@ -72,12 +74,17 @@ void fold(Model& model, const DriverOptions& options, const FaultInjector& injec
     driverOptions.observers.push_back(&*verifier);
     driverOptions.listeners.push_back(&verifier->recorder());
   }
+  // What bn-fold learns of the layers' output channels serves the late rules (high-bias absorption).
+  PreActivationStatistics statistics;
+  driverOptions.statistics = &statistics;
   driveRules(model, rules, driverOptions, report);
   if (!lateRules.empty()) {
     driverOptions.revisitTouched = false;
     // The skipped BatchNormalization entries are those of the first run.
     driverOptions.observers.erase(std::find(driverOptions.observers.begin(), driverOptions.observers.end(), &skipped));
-    driveRules(model, lateRules, driverOptions, report);
+    // One run per late rule, in priority order: a later one (absorb-high-bias) sees the whole model as the earlier
+    // one (equalize) left it, where one run would let only the first matching rule rewrite each root.
+    for (const Rule* rule : lateRules) driveRules(model, {rule}, driverOptions, report);
   }
   if (verifier) verifier->recordSummary();
   skipped.record(model, options.ruleOptions, report);

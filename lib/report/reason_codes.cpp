@@ -5,6 +5,7 @@ namespace bnfold {
 const std::vector<ReasonCodeInfo>& reasonCodes() {
   using namespace reason;
   static const std::vector<ReasonCodeInfo> codes = {
+      {kActivationNotRelu, "the layer's output goes through no Relu (or another activation) before the next layer (absorb-high-bias)"},
       {kBnHasOtherConsumers, "the BN's output is read by more than the one layer it would fold into (bn-forward)"},
       {kChannelAxisMismatch, "the BN's channel axis is not the layer's output-channel (or input-channel) axis"},
       {kConstantTooLarge, "a constant chain's evaluation would exceed --max-constant-size"},
@@ -16,13 +17,15 @@ const std::vector<ReasonCodeInfo>& reasonCodes() {
       {kLayerHasOtherConsumers, "the layer's output is read elsewhere too, or is a graph output"},
       {kLayerInOtherGraph, "the layer and the BN (or Add, Mul) are in different graphs (a subgraph and its parent)"},
       {kLayerKeptByUser, "--keep/--keep-op protects the layer (or a Constant holding its weights)"},
-      {kLayerPadsInput, "the layer pads its input, so a shift applied before it would reach the padding (bn-forward)"},
+      {kLayerPadsInput, "the layer pads its input, so a shift applied before it would reach the padding (bn-forward, absorb-high-bias)"},
       {kMissingInput, "a required input is omitted"},
       {kMissingOutput, "the output is omitted"},
       {kMulMayBroadcastInput, "the Mul could broadcast the layer's output to a bigger shape"},
+      {kNoBnStatistics, "no BN statistics are known for the layer's output: none was folded into it, or a later rewrite changed it (absorb-high-bias)"},
       {kNoFoldableConsumer, "the BN's output is not read by a Conv, Gemm or MatMul it could fold into (bn-forward)"},
       {kNoFoldableLayer, "no Conv, ConvTranspose, Gemm or MatMul produces the Add's or Mul's input"},
       {kNoFoldableProducer, "no Conv, ConvTranspose, Gemm or MatMul produces the BN's input (e.g. a Relu between); for equalize, a Concat's input"},
+      {kNoHighBias, "no channel's beta lies more than three standard deviations above zero: nothing to absorb (absorb-high-bias)"},
       {kNoRuleEnabled, "no enabled rule handles BatchNormalization (--rules)"},
       {kNonFiniteParams, "a BN parameter holds NaN or infinity"},
       {kNonHomogeneousActivation, "the activation between two layers is not positively homogeneous (Clip/Relu6, HardSwish, Sigmoid, ...) (equalize)"},

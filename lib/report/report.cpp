@@ -73,11 +73,14 @@ const nlohmann::json& Report::json() const {
   return doc_;
 }
 
+bool Report::isLeftAloneSection(const std::string& key) {
+  return key == "skipped" || key == "not_equalized" || key == "high_bias_not_absorbed";
+}
+
 std::size_t Report::rewriteCount() const {
   std::size_t count = 0;
   for (const auto& [key, value] : doc_.items())
-    if (value.is_array() && key != "skipped" && key != "not_equalized" && key != "rules" && key != kReorderedSection)
-      count += value.size();
+    if (value.is_array() && !isLeftAloneSection(key) && key != "rules" && key != kReorderedSection) count += value.size();
   return count;
 }
 

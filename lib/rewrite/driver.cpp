@@ -43,7 +43,10 @@ class Driver final : public RewriteListener {
         context_(model, options.ruleOptions),
         roots_(rulesByOp_.empty() ? std::vector<Graph*>{} : model.allGraphs(),
                [this](const Node& node) { return rulesByOp_.count(node.opType()) > 0; }),
-        rewriter_(model, report) {}
+        rewriter_(model, report) {
+    if (options.statistics) rewriter_.useStatistics(*options.statistics);
+    context_.setStatistics(&rewriter_.statistics());
+  }
 
   void run() {
     rewriter_.addListener(this);
@@ -170,7 +173,7 @@ class Driver final : public RewriteListener {
   const RewriteDriverOptions& options_;
   const RulesByOp rulesByOp_;
   const std::unordered_map<const Rule*, std::optional<std::string>> opsetProblems_;
-  const RuleContext context_;
+  RuleContext context_;
   RootScan roots_;
   Rewriter rewriter_;
   std::deque<Node*> worklist_;

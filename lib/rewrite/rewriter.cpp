@@ -6,12 +6,25 @@
 #include <stdexcept>
 #include <unordered_set>
 
+#include "bnfold/rewrite/pre_activation_statistics.h"
 #include "bnfold/rewrite/rule.h"
 #include "constant_eval.h"
 
 namespace bnfold {
 
-Rewriter::Rewriter(Model& model, Report& report) : model_(model), report_(report) {}
+Rewriter::Rewriter(Model& model, Report& report)
+    : model_(model),
+      report_(report),
+      ownStatistics_(std::make_unique<PreActivationStatistics>()),
+      statistics_(ownStatistics_.get()) {
+  addListener(statistics_);
+}
+
+void Rewriter::useStatistics(PreActivationStatistics& statistics) {
+  removeListener(statistics_);
+  statistics_ = &statistics;
+  addListener(statistics_);
+}
 Rewriter::~Rewriter() { finish(); }
 
 void Rewriter::addListener(RewriteListener* listener) { listeners_.push_back(listener); }
@@ -40,13 +53,19 @@ void Rewriter::notifyErased(const Node& node) {
   for (RewriteListener* listener : listeners_) listener->nodeErased(node);
 }
 
+void Rewriter::assume(const LowerBoundAssumption& assumption) {
+  for (RewriteListener* listener : listeners_) listener->assumptionMade(assumption);
+}
+
 void Rewriter::apply(const Rule& rule, MatchResult& result) {
   beginRule(&rule);
+  statistics_->beginRewrite();
   // The match read these constants as tensors it holds; they become initializers before the rewrite reads them.
   for (EvaluatedConstant& evaluated : result.evaluatedConstants())
     materializeConstant(evaluated.value, std::move(evaluated.tensor), evaluated.nodes);
   result.evaluatedConstants().clear();
   rule.rewrite(result.match(), *this);
+  statistics_->endRewrite();
 }
 
 Value* Rewriter::addInitializer(const Graph& constGraph, Tensor tensor, const std::string& nameHint) {

@@ -34,6 +34,7 @@
 #include <variant>
 
 #include "affine_layer.h"
+#include "bnfold/rewrite/pre_activation_statistics.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "kernels/equalize_junction.h"
 #include "kernels/equalize_math.h"
@@ -436,12 +437,18 @@ void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& re
         if (auto bias = foldedBias(layer, {inverse, std::vector<double>(inverse.size(), 0.0)}))
           writeBias(rewriter, layer, *bias);
       }
+      // The pre-activation statistics high-bias absorption reads follow the output channels.
+      const std::size_t first = junction.producerWeights[p].first;
+      rewriter.statistics().divideChannels(
+          *layer.node, std::vector<double>(s.begin() + static_cast<std::ptrdiff_t>(first),
+                                           s.begin() + static_cast<std::ptrdiff_t>(first) + layer.outputChannels));
     }
   for (std::size_t r = 0; r < junction.readers.size(); ++r) {
     const AffineLayer& layer = junction.readers[r].layer;
     Value* weight = addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(), junction.readersAfter[r],
                               scaledWeightNameHint(layer, "_equalized"));
     rewriter.setInput(layer.node, 1, weight);
+    rewriter.statistics().outputUnchanged(*layer.node);
     if (junction.readers[r].flatten) rewriter.includeUnchanged(junction.readers[r].flatten);
   }
   for (const auto& producer : junction.producers)
@@ -628,6 +635,13 @@ class EqualizeLayers final : public Rule {
         if (auto bias = foldedBias(layer, {inverse, std::vector<double>(inverse.size(), 0.0)}))
           writeBias(rewriter, layer, *bias);
       }
+      // The pre-activation statistics high-bias absorption reads follow the output channels.
+      if (scalesOutput)
+        rewriter.statistics().divideChannels(*layer.node, applied[k]);
+      else if (junctionOutput)
+        rewriter.statistics().divideChannels(*layer.node, match.after->scales.scales);
+      else
+        rewriter.statistics().outputUnchanged(*layer.node);
     }
     // The activations are unchanged, but the layers around them are exact only together with them.
     for (const Node* activation : match.activations)

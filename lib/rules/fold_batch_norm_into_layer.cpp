@@ -24,6 +24,7 @@
 #include "affine_layer.h"
 #include "batch_norm.h"
 #include "batch_norm_params.h"
+#include "bnfold/rewrite/pre_activation_statistics.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "kernels/fold_math.h"
 #include "layout_path.h"
@@ -64,6 +65,19 @@ std::string pathText(const LayoutPath& path) {
 
 kernels::ChannelAffine sliceOf(const kernels::ChannelAffine& affine, int64_t begin, int64_t end) {
   return {{affine.scale.begin() + begin, affine.scale.begin() + end}, {affine.shift.begin() + begin, affine.shift.begin() + end}};
+}
+
+/// The BN's output distribution on channels [begin, end): gamma and beta, one per channel (spatial=0 parameters
+/// are uniform within a channel, see readInferenceBatchNorm).
+ChannelStatistics channelStatistics(const InferenceBatchNorm& params, int64_t begin, int64_t end, const Node& bn) {
+  ChannelStatistics statistics;
+  statistics.batchNorm = bn.name();
+  const std::size_t perChannel = params.gamma.size() / static_cast<std::size_t>(params.channels);
+  for (int64_t c = begin; c < end; ++c) {
+    statistics.gamma.push_back(params.gamma[static_cast<std::size_t>(c) * perChannel]);
+    statistics.beta.push_back(params.beta[static_cast<std::size_t>(c) * perChannel]);
+  }
+  return statistics;
 }
 
 /// Reads one layer the BN folds into (its output read only on the way to the BN), or fails.
@@ -234,7 +248,8 @@ class FoldBatchNormIntoLayer final : public Rule {
         entry.setText("split_by", match.concat->name());
         entry.setJson("channels", {part.begin, part.end});
       }
-      foldIntoLayer(rewriter, part, sliceOf(match.params.affine, part.begin, part.end), entry);
+      const Node* layer = foldIntoLayer(rewriter, part, sliceOf(match.params.affine, part.begin, part.end), entry);
+      if (layer) rewriter.statistics().record(*layer, channelStatistics(match.params, part.begin, part.end, bn));
       rewriter.record("folds", std::move(entry));
     }
     // The BN's input takes over Y's name; the BN and the constants only it read disappear.
@@ -242,8 +257,10 @@ class FoldBatchNormIntoLayer final : public Rule {
   }
 
  private:
-  static void foldIntoLayer(Rewriter& rewriter, const LayerPart& part, const kernels::ChannelAffine& affine,
-                            ReportRecord& entry) {
+  // The layer whose output is now the BN's output (a Gemm that replaced a MatMul), or null when that is an Add
+  // after the layer.
+  static const Node* foldIntoLayer(Rewriter& rewriter, const LayerPart& part, const kernels::ChannelAffine& affine,
+                                   ReportRecord& entry) {
     const AffineLayer& layer = part.layer;
     const Node* into = layer.node;
     entry.setText("weight_before", layer.weightValue->name());
@@ -283,6 +300,7 @@ class FoldBatchNormIntoLayer final : public Rule {
     entry.setText("into_op", into->opType());
     entry.setTextOrNull("bias_after", biasAfter ? &*biasAfter : nullptr);
     entry.setBool("bias_created", biasCreated);
+    return part.needsBias && layer.outputRank != 2 ? nullptr : into;
   }
 };
 

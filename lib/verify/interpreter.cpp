@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <unordered_map>
 
 #include <Eigen/Core>
@@ -112,10 +113,33 @@ class Evaluator {
       } catch (const std::invalid_argument& e) {
         throw EvaluationError(describe(node) + ": " + e.what());
       }
+      for (const SampledValue& sampled : options_.sampled)
+        if (std::find(node.outputs.begin(), node.outputs.end(), sampled.name) != node.outputs.end()) draw(sampled);
     }
   }
 
  private:
+  void draw(const SampledValue& sampled) {
+    auto it = values_.find(sampled.name);
+    if (it == values_.end() || it->second.isInteger())
+      throw EvaluationError("'" + sampled.name + "' to be sampled is not a floating value of the region");
+    Array<T>& array = it->second.real;
+    const auto axis = static_cast<std::size_t>(sampled.channelAxis);
+    if (sampled.channelAxis < 0 || axis >= array.dims.size() ||
+        array.dims[axis] != static_cast<int64_t>(sampled.lowerBound.size()))
+      throw EvaluationError("'" + sampled.name + "' does not have " + std::to_string(sampled.lowerBound.size()) +
+                            " channels on axis " + std::to_string(sampled.channelAxis));
+    int64_t inner = 1;
+    for (std::size_t d = axis + 1; d < array.dims.size(); ++d) inner *= array.dims[d];
+    const auto channels = static_cast<std::size_t>(array.dims[axis]);
+    std::mt19937_64 generator(sampled.seed);
+    std::uniform_real_distribution<double> distribution(0.0, 2.0);
+    for (std::size_t e = 0; e < array.data.size(); ++e) {
+      const std::size_t channel = (e / static_cast<std::size_t>(inner)) % channels;
+      array.data[e] = static_cast<T>(sampled.lowerBound[channel] + distribution(generator));
+    }
+  }
+
   const Operand<T>* optionalInput(const RegionNode& node, std::size_t slot) {
     if (slot >= node.inputs.size() || node.inputs[slot].empty()) return nullptr;
     auto it = values_.find(node.inputs[slot]);

@@ -5,8 +5,10 @@
 // the verifier must not share numeric code with what it checks. The layout ops' shape arithmetic is the one of
 // lib/analysis/shape_ops, which every part of bnfold uses.
 
+#include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "bnfold/ir/tensor.h"
 #include "reference_kernels.h"
@@ -41,9 +43,20 @@ class BufferPool {
   std::vector<std::vector<T>> free_;
 };
 
+/// A value drawn rather than computed: once its producer has run, element e of channel ch (on `channelAxis`) becomes
+/// lowerBound[ch] + u_e with u_e uniform in [0, 2) from `seed`, so two regions drawing a value of the same shape draw
+/// the same u (a rewrite exact only where the value stays above a bound is compared there).
+struct SampledValue {
+  std::string name;
+  int64_t channelAxis = 1;
+  std::vector<double> lowerBound;
+  uint64_t seed = 0;
+};
+
 struct InterpreterOptions {
   /// Evaluate training-mode BatchNormalization as inference mode (the meaning of a frozen BN, for train-bn-freeze).
   bool batchNormAsInference = false;
+  std::vector<SampledValue> sampled;
 };
 
 /// An op the interpreter does not know, or operands that do not fit: the region cannot be evaluated as given.

@@ -74,7 +74,10 @@ void RegionRecorder::begin() {
   changedSet_.clear();
   created_.clear();
   before_.clear();
+  assumptions_.clear();
 }
+
+void RegionRecorder::assumptionMade(const LowerBoundAssumption& assumption) { assumptions_.push_back(assumption); }
 
 RegionRecorder::Captured RegionRecorder::capture(const Node& node) const {
   Captured captured;
@@ -147,6 +150,7 @@ void assemble(Region& region, const Captures& captures) {
 
 RegionPair RegionRecorder::finish(const Model& model) {
   RegionPair pair;
+  pair.assumptions = assumptions_;
   pair.before.opset = pair.after.opset = model.opsetVersion("");
   if (before_.empty() && created_.empty()) throw std::runtime_error("the rewrite changed no node");
 

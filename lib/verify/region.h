@@ -64,6 +64,8 @@ struct Region {
 struct RegionPair {
   Region before;
   Region after;
+  /// What the rewrite is exact under (Rewriter::assume); empty for an exact rewrite.
+  std::vector<LowerBoundAssumption> assumptions;
 };
 
 class RegionRecorder : public RewriteListener {
@@ -72,6 +74,7 @@ class RegionRecorder : public RewriteListener {
   void begin();
   void nodeWillChange(const Node& node) override;
   void nodeCreated(const Node& node) override;
+  void assumptionMade(const LowerBoundAssumption& assumption) override;
 
   /// Ends the rewrite: the region as it was and as it is now. Throws std::runtime_error when the regions cannot be
   /// put side by side (the rewrite changed nothing, or reads a run-time value the original did not).
@@ -92,6 +95,7 @@ class RegionRecorder : public RewriteListener {
   std::unordered_set<const Node*> changedSet_;
   std::vector<const Node*> created_;
   std::vector<Captured> before_;
+  std::vector<LowerBoundAssumption> assumptions_;
 };
 
 }  // namespace bnfold::verify

@@ -244,8 +244,18 @@ nlohmann::json Verifier::verifyAs(const RegionPair& regions, const VerifySetting
     attempts = std::max(attempts, candidates.back().size());
   }
   std::string lastError;
-  InterpreterOptions beforeOptions;
+  InterpreterOptions beforeOptions, afterOptions;
   beforeOptions.batchNormAsInference = settings.batchNormAsInference;
+  // A rewrite exact only above a bound is compared where the bound holds: the value is drawn above it on both sides.
+  nlohmann::json assumptions = nlohmann::json::array();
+  for (const LowerBoundAssumption& assumption : regions.assumptions) {
+    const uint64_t seed = settings.seed ^ nameHash(assumption.value);
+    beforeOptions.sampled.push_back({assumption.value, assumption.channelAxis, assumption.before, seed});
+    afterOptions.sampled.push_back({assumption.value, assumption.channelAxis, assumption.after, seed});
+    assumptions.push_back({{"value", assumption.value}, {"statement", assumption.statement},
+                           {"sampled", "at least the bound plus a uniform draw in [0, 2)"}});
+  }
+  if (!assumptions.empty()) result["assumptions"] = assumptions;
   for (std::size_t attempt = 0; attempt < attempts; ++attempt) {
     std::map<std::string, Operand<T>> inputs;
     nlohmann::json shapes = nlohmann::json::object();
@@ -264,7 +274,7 @@ nlohmann::json Verifier::verifyAs(const RegionPair& regions, const VerifySetting
       continue;
     }
     try {
-      after = evaluateRegion<T>(regions.after, inputs, {}, &pool);
+      after = evaluateRegion<T>(regions.after, inputs, afterOptions, &pool);
     } catch (const std::exception& e) {
       lastError = std::string("the rewritten nodes cannot be evaluated: ") + e.what();
       giveBack(before, pool);

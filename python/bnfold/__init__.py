@@ -106,7 +106,7 @@ def _names(value, name):
 
 
 def _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize, max_constant_size,
-                    verify):
+                    verify, absorb_high_bias):
     if not isinstance(rules, str):
         rules = ",".join(_names(rules, "rules"))
     return _native.driver_options(
@@ -116,6 +116,7 @@ def _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_tr
         input_defaults_are_constant=bool(input_defaults_are_constant),
         freeze_train_bn=bool(freeze_train_bn),
         equalize=bool(equalize),
+        absorb_high_bias=bool(absorb_high_bias),
         max_constant_size=float(max_constant_size),
         verify=bool(verify),
     )
@@ -146,7 +147,7 @@ def _finish(result, name):
 
 def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(),
          input_defaults_are_constant=False, freeze_train_bn=False, equalize=False, max_constant_size=64.0,
-         verify=False, dry_run=False, in_place=False, backup_suffix=None, timings=False, base_dir=None):
+         verify=False, absorb_high_bias=False, dry_run=False, in_place=False, backup_suffix=None, timings=False, base_dir=None):
     """Rewrite a model as ``bnfold fold`` does; returns ``(model, report)``.
 
     model: an ``onnx.ModelProto`` or ``bytes`` (the result is of the same kind; the argument is not changed), or
@@ -165,6 +166,9 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
     equalize: cross-layer equalization after folding (``--equalize``, same as ``+equalize`` in rules): rescales
         channels between layers joined by Relu/LeakyRelu/PRelu (also a fan-out, a channel-axis Concat, Conv ->
         Flatten -> Gemm) so per-tensor int8 weights lose less; exact in float.
+    absorb_high_bias: high-bias absorption after equalize (``--absorb-high-bias``; needs ``equalize``): moves
+        max(0, beta - 3|gamma|) of a folded BN's channels through a Relu into the next layer's bias, for activation
+        quantization; exact only where the pre-activation stays above it (the report says so).
     max_constant_size: largest result in MiB of an op evaluated while computing a weight (``--max-constant-size``).
     verify: check every rewrite numerically; a failure raises ``VerificationError`` and nothing is written.
     dry_run: run the rules and write nothing; the returned model is None.
@@ -179,7 +183,7 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
     """
     kind, source = _classify(model)
     options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize,
-                              max_constant_size, verify)
+                              max_constant_size, verify, absorb_high_bias)
     output_path = _optional_path(output, "output")
     report_path = _optional_path(report, "report")
     if backup_suffix is not None and not in_place:
@@ -222,7 +226,7 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
 
 def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(),
           input_defaults_are_constant=False, freeze_train_bn=False, equalize=False, max_constant_size=64.0,
-          verify=False, base_dir=None):
+          verify=False, absorb_high_bias=False, base_dir=None):
     """List what ``fold`` would change and what stops it, as ``bnfold check`` does; never writes anything.
 
     Returns a list of dicts, one per finding: ``category`` (see ``bnfold.finding_categories()``), ``severity``
@@ -233,7 +237,7 @@ def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(
     """
     kind, source = _classify(model)
     options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize,
-                              max_constant_size, verify)
+                              max_constant_size, verify, absorb_high_bias)
     if not isinstance(fail_on, str):
         fail_on = ",".join(_names(fail_on, "fail_on"))
     name = source if kind == "path" else _source_name(kind)

@@ -27,25 +27,25 @@ _InMemory = TypeVar("_InMemory", bytes, ModelProto)
 def fold(model: _InMemory, *, output: Optional[PathLike] = ..., report: Optional[PathLike] = ...,
          rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
          freeze_train_bn: bool = ..., equalize: bool = ..., max_constant_size: float = ..., verify: bool = ...,
-         dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ..., timings: bool = ...,
-         base_dir: Optional[PathLike] = ...) -> Tuple[Optional[_InMemory], Report]: ...
+         absorb_high_bias: bool = ..., dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
+         timings: bool = ..., base_dir: Optional[PathLike] = ...) -> Tuple[Optional[_InMemory], Report]: ...
 @overload
 def fold(model: Union[bytearray, memoryview], *, output: Optional[PathLike] = ..., report: Optional[PathLike] = ...,
          rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
          freeze_train_bn: bool = ..., equalize: bool = ..., max_constant_size: float = ..., verify: bool = ...,
-         dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ..., timings: bool = ...,
-         base_dir: Optional[PathLike] = ...) -> Tuple[Optional[bytes], Report]: ...
+         absorb_high_bias: bool = ..., dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
+         timings: bool = ..., base_dir: Optional[PathLike] = ...) -> Tuple[Optional[bytes], Report]: ...
 @overload
 def fold(model: PathLike, *, output: Optional[PathLike] = ..., report: Optional[PathLike] = ...,
          rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
          freeze_train_bn: bool = ..., equalize: bool = ..., max_constant_size: float = ..., verify: bool = ...,
-         dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ..., timings: bool = ...,
-         base_dir: None = ...) -> Tuple[Optional[str], Report]: ...
+         absorb_high_bias: bool = ..., dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
+         timings: bool = ..., base_dir: None = ...) -> Tuple[Optional[str], Report]: ...
 
 def check(model: Union[ModelProto, bytes, bytearray, memoryview, PathLike], *, fail_on: Names = ...,
           rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
           freeze_train_bn: bool = ..., equalize: bool = ..., max_constant_size: float = ..., verify: bool = ...,
-          base_dir: Optional[PathLike] = ...) -> List[Finding]: ...
+          absorb_high_bias: bool = ..., base_dir: Optional[PathLike] = ...) -> List[Finding]: ...
 def info(model: Union[ModelProto, bytes, bytearray, memoryview, PathLike], *, weights: bool = ...,
          rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
          freeze_train_bn: bool = ..., max_constant_size: float = ...,

@@ -46,6 +46,7 @@ PARITY_CASES = [
     ({"verify": True}, ["--verify"]),
     ({"equalize": True}, ["--equalize"]),
     ({"equalize": True, "verify": True}, ["--equalize", "--verify"]),
+    ({"equalize": True, "absorb_high_bias": True}, ["--equalize", "--absorb-high-bias"]),
     ({"max_constant_size": 0}, ["--max-constant-size", "0"]),
 ]
 

@@ -28,11 +28,13 @@ struct RuleSettings {
   bool inputDefaultsAreConstant = false;
   bool freezeTrainingBatchNorm = false;
   bool equalize = false;       ///< --equalize: adds the equalize rule (same as `+equalize` in rules)
+  /// --absorb-high-bias: adds the absorb-high-bias rule (same as `+absorb-high-bias`); needs equalize
+  bool absorbHighBias = false;
   double maxConstantMiB = 64;  ///< --max-constant-size
   bool verify = false;
 };
 
-/// Throws bnfold::Error on an unknown rule in `rules` or a negative size.
+/// Throws bnfold::Error on an unknown rule in `rules`, absorb-high-bias without equalize, or a negative size.
 DriverOptions driverOptionsFrom(const RuleSettings& settings);
 
 /// What a fold of a loaded model found besides its report.

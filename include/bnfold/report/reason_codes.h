@@ -29,6 +29,7 @@ class ReasonCode {
 inline std::ostream& operator<<(std::ostream& out, ReasonCode code) { return out << code.str(); }
 
 namespace reason {
+inline constexpr ReasonCode kActivationNotRelu{"activation-not-relu"};
 inline constexpr ReasonCode kBnHasOtherConsumers{"bn-has-other-consumers"};
 inline constexpr ReasonCode kChannelAxisMismatch{"channel-axis-mismatch"};
 inline constexpr ReasonCode kConstantTooLarge{"constant-too-large"};
@@ -46,7 +47,9 @@ inline constexpr ReasonCode kMissingOutput{"missing-output"};
 inline constexpr ReasonCode kMulMayBroadcastInput{"mul-may-broadcast-input"};
 inline constexpr ReasonCode kNoFoldableConsumer{"no-foldable-consumer"};
 inline constexpr ReasonCode kNoFoldableLayer{"no-foldable-layer"};
+inline constexpr ReasonCode kNoBnStatistics{"no-bn-statistics"};
 inline constexpr ReasonCode kNoFoldableProducer{"no-foldable-producer"};
+inline constexpr ReasonCode kNoHighBias{"no-high-bias"};
 inline constexpr ReasonCode kNoRuleEnabled{"no-rule-enabled"};
 inline constexpr ReasonCode kNonFiniteParams{"non-finite-params"};
 inline constexpr ReasonCode kNonHomogeneousActivation{"non-homogeneous-activation"};

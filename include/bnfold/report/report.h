@@ -51,8 +51,12 @@ class Report {
   void setVerification(nlohmann::json summary) { doc_["verification"] = std::move(summary); }
   /// True when the run verified its rewrites (setVerification was called), so entries may hold verdicts.
   bool hasVerification() const { return doc_.contains("verification"); }
-  /// Entries in every section but "skipped", "not_equalized" and "graph_reordered": the rewrites done.
+  /// Entries in every section but "skipped", "not_equalized", "high_bias_not_absorbed" and "graph_reordered": the
+  /// rewrites done.
   std::size_t rewriteCount() const;
+  /// Whether the array section `key` lists nodes left alone ("skipped", "not_equalized", "high_bias_not_absorbed")
+  /// rather than rewrites.
+  static bool isLeftAloneSection(const std::string& key);
 
   const nlohmann::json& json() const;
   /// Pretty-printed JSON with a trailing newline. Records are turned into JSON one at a time, so the whole report is

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bnfold/report/report.h"
+#include "bnfold/rewrite/pre_activation_statistics.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "bnfold/rewrite/rule.h"
 
@@ -52,6 +53,9 @@ struct RewriteDriverOptions {
   std::vector<DriverObserver*> observers;
   /// Added to the rewriter for the run, after the driver's own; each must outlive the run.
   std::vector<RewriteListener*> listeners;
+  /// The layers' output statistics shared by the rules across runs (pre_activation_statistics.h); null: the run's
+  /// own, forgotten at its end.
+  PreActivationStatistics* statistics = nullptr;
 };
 
 /// Runs `rules` (in priority order: at a root, the first that matches rewrites it) on every graph of the model to a

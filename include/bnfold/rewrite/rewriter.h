@@ -18,6 +18,17 @@ namespace bnfold {
 
 class Rule;
 class MatchResult;
+class PreActivationStatistics;
+
+/// A rewrite that is exact only where one value stays at or above a bound in each channel (high-bias absorption):
+/// --verify samples that value within the bound instead of computing it.
+struct LowerBoundAssumption {
+  std::string value;        ///< the value's name (the same before and after the rewrite)
+  int64_t channelAxis = 1;  ///< the axis of its channels
+  std::vector<double> before;  ///< the bound per channel, on the value as the original computes it
+  std::vector<double> after;   ///< the same bound on the value as the rewrite computes it (moved by after - before)
+  std::string statement;       ///< one sentence for the report
+};
 
 /// Told about each change the rewriter makes (MLIR's RewriterBase::Listener). The driver is one listener (its
 /// worklist); --verify and the driver's root scan are others. Every method does nothing unless overridden.
@@ -35,6 +46,8 @@ class RewriteListener {
   virtual void nodeErased(const Node& /*node*/) {}
   /// The readers of `from` are about to read `to`, which takes over `from`'s name.
   virtual void valueReplaced(const Value& /*from*/, const Value& /*to*/) {}
+  /// The rewrite running now is exact only under `assumption`.
+  virtual void assumptionMade(const LowerBoundAssumption& /*assumption*/) {}
 };
 
 class Rewriter {
@@ -50,6 +63,12 @@ class Rewriter {
   /// Adds a listener, told of every change from now on in the order added; it must outlive its membership.
   void addListener(RewriteListener* listener);
   void removeListener(RewriteListener* listener);
+
+  /// The per-layer output statistics the rules share (pre_activation_statistics.h): the rewriter's own, unless
+  /// useStatistics gave another (one that outlives a single driver run). apply() brackets each rewrite for it.
+  PreActivationStatistics& statistics() { return *statistics_; }
+  /// Uses `statistics` (and listens with it) instead of the rewriter's own from now on; it must outlive the rewriter.
+  void useStatistics(PreActivationStatistics& statistics);
 
   /// Applies a successful match of `rule`: the constants the match evaluated become initializers
   /// (materializeConstant), then the rule's rewrite runs; report entries are tagged with the rule's name until the
@@ -74,6 +93,9 @@ class Rewriter {
   /// Tells the listeners that `node`, which the rewrite leaves unchanged, belongs with the nodes it changes: their
   /// change is exact only through it (an activation between two rescaled layers), so --verify evaluates it with them.
   void includeUnchanged(const Node* node) { notifyWillChange(node); }
+
+  /// Says that the rewrite running now is exact only under `assumption` (tells the listeners; --verify checks it there).
+  void assume(const LowerBoundAssumption& assumption);
 
   /// Every reader of `from` (including graph outputs, which keep `from`'s name by renaming) now reads `to`.
   /// `from`'s producer is then erased when none of its outputs is read any more.
@@ -116,6 +138,8 @@ class Rewriter {
   Report& report_;
   const Rule* rule_ = nullptr;
   std::vector<RewriteListener*> listeners_;
+  std::unique_ptr<PreActivationStatistics> ownStatistics_;
+  PreActivationStatistics* statistics_;
   std::vector<std::pair<std::string, std::size_t>> recorded_;
   std::vector<NodePtr> erasedNodes_;
   std::vector<Graph*> dirtyGraphs_;

@@ -17,6 +17,7 @@ namespace bnfold {
 
 class Rewriter;
 class ConstantEvaluator;
+class PreActivationStatistics;
 
 /// Why a rule did not apply: a code from the closed list (bnfold/report/reason_codes.h) and a sentence.
 struct MatchFailure {
@@ -132,6 +133,10 @@ class RuleContext {
   /// From now until stopFollowing, `rewriter` tells this context of every change it makes.
   void followChanges(Rewriter& rewriter) const;
   void stopFollowing(Rewriter& rewriter) const;
+  /// The layers' output statistics earlier rewrites recorded (pre_activation_statistics.h), or null when the caller
+  /// keeps none.
+  const PreActivationStatistics* statistics() const { return statistics_; }
+  void setStatistics(const PreActivationStatistics* statistics) { statistics_ = statistics; }
 
  private:
   class Shapes;
@@ -139,6 +144,7 @@ class RuleContext {
   const RuleOptions& options_;
   std::unique_ptr<ConstantEvaluator> evaluator_;
   std::unique_ptr<Shapes> shapes_;
+  const PreActivationStatistics* statistics_ = nullptr;
 };
 
 class Rule {
@@ -161,7 +167,8 @@ class Rule {
   virtual bool verifiesAgainstFrozenBatchNorm() const { return false; }
   /// Runs only once the other rules reached their fixed point, visiting each of its roots once in graph order
   /// (a rule that computes a fixed point of its own, like equalize over a whole chain). The driver knows nothing of
-  /// this: lib/check/fold.cpp runs such rules in a second driveRules with RewriteDriverOptions::revisitTouched off.
+  /// this: lib/check/fold.cpp runs each such rule in a driveRules of its own (in priority order) with
+  /// RewriteDriverOptions::revisitTouched off.
   virtual bool runsAfterFixedPoint() const { return false; }
   /// The report section where lib/check/fold.cpp records this rule's match failures (those not quiet), one entry per
   /// node: {rule, node, op, reason, message}. Null: failures are not reported (BatchNormalization's go to `skipped`).

@@ -100,8 +100,9 @@ class EagerNet:
     def depthwise(self, x, kernel=3, stride=1):
         return self.conv(x, x.channels, kernel, stride, group=x.channels, filter_spread=1.0)
 
-    def batch_norm(self, x, dead_fraction=0.04, gamma_decades=(-1.7, 0.3), beta_spread=0.5):
-        """Inference-mode BN whose running statistics are those of its input on the calibration batch."""
+    def batch_norm(self, x, dead_fraction=0.04, gamma_decades=(-1.7, 0.3), beta_spread=0.5, high_fraction=0.0):
+        """Inference-mode BN whose running statistics are those of its input on the calibration batch;
+        `high_fraction` of the channels get a high bias (beta 3.5 to 6 gamma: the Relu after them never cuts)."""
         channels = x.channels
         # Trained BN scales cluster (log-normal here) with tails; the extremes are pinned so that every BN
         # spans the full range.
@@ -113,6 +114,9 @@ class EagerNet:
         beta = self.rng.normal(0.0, beta_spread, channels) * gamma
         dead = self.rng.random(channels) < dead_fraction
         beta[dead] = -self.rng.uniform(2.5, 3.5, dead.sum()) * gamma[dead]
+        if high_fraction > 0:  # drawn only when asked, so that the other models keep their numbers
+            high = ~dead & (self.rng.random(channels) < high_fraction)
+            beta[high] = self.rng.uniform(3.5, 6.0, high.sum()) * gamma[high]
         axes = (0, 2, 3) if x.value.ndim == 4 else (0,)
         mean = x.value.mean(axis=axes)
         # Running estimates are not the exact statistics of any one batch.
@@ -200,6 +204,19 @@ def mobilenet(seed, calibration_batch, size):
     return net.model("mobilenet_style", [("logits", logits)], "MobileNetV1-style depthwise-separable blocks, Relu")
 
 
+def mobilenet_high_bias(seed, calibration_batch, size):
+    """The MobileNet blocks with high-bias channels in a quarter of each depthwise BN (trained MobileNets have
+    such channels, Nagel et al. 2019), whose next layer (the 1x1 pointwise Conv) pads nothing: what high-bias
+    absorption is for."""
+    net = EagerNet(seed, 13, calibration_batch, size)
+    x = net.conv_bn(net.input, 16, 3, 2)
+    for channels, stride in ((32, 1), (64, 2), (64, 1), (128, 2), (128, 1), (128, 1), (256, 2)):
+        x = net.dw_bn(x, stride, high_fraction=0.25)
+        x = net.conv_bn(x, channels, 1)
+    logits = net.gemm(net.global_pool_flatten(x), 100)
+    return net.model("mobilenet_high_bias", [("logits", logits)], "MobileNetV1-style blocks with high-bias channels")
+
+
 def resnet(seed, calibration_batch, size):
     """ResNet-style: basic blocks (Conv-BN-Relu-Conv-BN + shortcut, Add, Relu), projection shortcuts on stride."""
     net = EagerNet(seed, 15, calibration_batch, size)
@@ -268,6 +285,7 @@ ALL_RELU = ("mobilenet", "plain-relu")
 
 GENERATORS = {
     "mobilenet": mobilenet,
+    "mobilenet-hb": mobilenet_high_bias,
     "resnet": resnet,
     "ssd": ssd,
     "plain-relu": plain_relu,

@@ -10,7 +10,9 @@ the original float model is measured in ONNX Runtime on the same seeded inputs, 
   `bnfold fold --equalize` and `... --equalize --absorb-high-bias` (n/a while `bnfold fold --help` has no flag);
   folded with per-channel int8 weights (the reference);
 plus the share of the folded model's per-tensor -> per-channel gap (in dB) each method closes, and, once bnfold
-has --equalize, issue 39's goals for it. A model's SQNR is that of its worst output. Every rewrite that claims to
+has --equalize, issue 39's goals for it. High-bias absorption moves biases, which stay float: it serves activation
+quantization. So two more tables fake-quantize every Relu output to uint8 with one step per tensor (range
+calibrated as the largest value on the same seeded inputs), with float weights and with per-tensor int8 weights. A model's SQNR is that of its worst output. Every rewrite that claims to
 keep the float function (fold, both CLEs, bnfold's equalize) is run in float too: if its outputs move by more
 than 1e-4 of the reference's largest magnitude, the script exits 1. High-bias absorption is exact only under an
 assumption; its float difference is reported only.
@@ -54,6 +56,8 @@ METHODS = [
     ("per_channel", "folded, per-channel int8"),
 ]
 GAP_METHODS = ["aimet", "sweep", "equalize", "equalize_hba"]
+# Rows of the activation-quantization tables (the unfolded model's Relu outputs are the folded one's).
+ACTIVATION_METHODS = ["folded", "aimet", "sweep", "equalize", "equalize_hba"]
 EXACT_METHODS = ["folded", "aimet", "sweep", "equalize"]
 
 
@@ -147,17 +151,90 @@ def prepare_model(name, args, flags):
 
     facts = {"range_spread": spread, "layers_quantized": weights, "bn_nodes": batch_norms(model),
              "bn_nodes_after_fold": batch_norms(folded), "aimet": aimet_facts, "sweep": sweep_facts}
+    facts["floats"] = floats
     return {"name": name, "reference": original, "candidates": candidates}, facts
 
 
-def evaluate(jobs, out):
-    jobs_path = pathlib.Path(out) / "jobs.json"
+def relu_outputs(model):
+    return [node.output[0] for node in model.graph.node if node.op_type == "Relu"]
+
+
+def with_outputs(model, names):
+    """A copy of `model` that also outputs `names` (type float, shape left to the runtime)."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    present = {output.name for output in probe.graph.output}
+    for name in names:
+        if name not in present:
+            probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    return probe
+
+
+def quantize_activations(model, max_abs):
+    """Every Relu output fake-quantized to uint8 per tensor (QuantizeLinear -> DequantizeLinear, zero point 0, step
+    max / 255 from the calibration); graph outputs keep reading the float value."""
+    quantized = onnx.ModelProto()
+    quantized.CopyFrom(model)
+    graph = quantized.graph
+    nodes = []
+    replaced = {}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in replaced:
+                node.input[i] = replaced[name]
+        nodes.append(node)
+        if node.op_type != "Relu":
+            continue
+        name = node.output[0]
+        step = max_abs[name] / 255 if max_abs.get(name, 0) > 0 else 1.0
+        graph.initializer.append(onnx.helper.make_tensor(f"{name}_act_scale", onnx.TensorProto.FLOAT, [], [step]))
+        graph.initializer.append(onnx.helper.make_tensor(f"{name}_act_zero", onnx.TensorProto.UINT8, [], [0]))
+        operands = [f"{name}_act_scale", f"{name}_act_zero"]
+        nodes.append(onnx.helper.make_node("QuantizeLinear", [name] + operands, [f"{name}_act_q"]))
+        nodes.append(onnx.helper.make_node("DequantizeLinear", [f"{name}_act_q"] + operands, [f"{name}_act_dq"]))
+        replaced[name] = f"{name}_act_dq"
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return quantized
+
+
+def add_activation_candidates(jobs, floats_by_model, args, seeds):
+    """Calibrates every float variant's Relu outputs on the seeds and adds the uint8-activation candidates
+    (`act:` float weights, `w8a8:` per-tensor int8 weights too) to each job."""
+    probes = []
+    for job in jobs:
+        folder = pathlib.Path(args.out) / job["name"]
+        for label in ACTIVATION_METHODS:
+            if label in floats_by_model[job["name"]]:
+                model = onnx.load(floats_by_model[job["name"]][label])
+                probe_path = folder / f"{label}.probe.onnx"  # outputs without shapes: the checker wants them
+                onnx.save(with_outputs(model, relu_outputs(model)), str(probe_path))
+                probes.append({"name": f"{job['name']}/{label}", "path": str(probe_path)})
+    calibration = run_eval({"seeds": seeds, "models": probes}, args.out, "calibration.json", ["--calibrate"])
+    ranges = {entry["name"]: entry["max_abs"] for entry in calibration}
+    for job in jobs:
+        folder = pathlib.Path(args.out) / job["name"]
+        for label in ACTIVATION_METHODS:
+            key = f"{job['name']}/{label}"
+            if key not in ranges:
+                continue
+            activations = quantize_activations(onnx.load(floats_by_model[job["name"]][label]), ranges[key])
+            job["candidates"][f"act:{label}"] = save(activations, folder / f"{label}.a8.onnx")
+            job["candidates"][f"w8a8:{label}"] = save(cle.quantize_weights(activations)[0], folder / f"{label}.w8a8.onnx")
+
+
+def run_eval(jobs, out, file_name, extra):
+    jobs_path = pathlib.Path(out) / file_name
     jobs_path.write_text(json.dumps(jobs))
-    result = subprocess.run(["node", str(pathlib.Path(__file__).with_name("sqnr_eval.js")), str(jobs_path)],
+    result = subprocess.run(["node", str(pathlib.Path(__file__).with_name("sqnr_eval.js"))] + extra + [str(jobs_path)],
                             capture_output=True, text=True, check=False)
     if result.returncode != 0:
         fail(f"sqnr_eval.js failed: {result.stderr.strip()}")
     return json.loads(result.stdout)["models"]
+
+
+def evaluate(jobs, out):
+    return run_eval(jobs, out, "jobs.json", [])
 
 
 def summarize(measured, facts):
@@ -166,6 +243,11 @@ def summarize(measured, facts):
         candidates = model["candidates"]
         row = {"model": model["name"], "sqnr_db": {}, "float_relative_diff": {}, "gap_closed": {},
                **facts[model["name"]]}
+        row["act_sqnr_db"], row["w8a8_sqnr_db"] = {}, {}
+        for label in ACTIVATION_METHODS:
+            for prefix in ("act", "w8a8"):
+                if f"{prefix}:{label}" in candidates:
+                    row[f"{prefix}_sqnr_db"][label] = worst_output(candidates[f"{prefix}:{label}"]["outputs"])[0]
         for label, _ in METHODS:
             if f"int8:{label}" in candidates:
                 row["sqnr_db"][label] = worst_output(candidates[f"int8:{label}"]["outputs"])[0]
@@ -224,6 +306,10 @@ def print_table(title, rows, labels, field, fmt, note=None):
 def print_tables(rows):
     print_table("Output SQNR (dB), int8 weights per tensor unless noted (worst output; reference: the float model)",
                 rows, [k for k, _ in METHODS], "sqnr_db", "{:.2f}")
+    print_table("Output SQNR (dB), float weights, Relu outputs uint8 per tensor (calibrated max on the inputs)",
+                rows, ACTIVATION_METHODS, "act_sqnr_db", "{:.2f}")
+    print_table("Output SQNR (dB), int8 weights per tensor and Relu outputs uint8 per tensor", rows,
+                ACTIVATION_METHODS, "w8a8_sqnr_db", "{:.2f}")
     print_table("Worst layer's weight range spread: largest / median output-channel range", rows,
                 [k for k, _ in METHODS if k != "per_channel"], "range_spread", "{:.0f}")
     print_table("Share of the folded model's per-tensor -> per-channel SQNR gap closed", rows, GAP_METHODS,
@@ -264,6 +350,8 @@ def main():
         if model_facts["bn_nodes_after_fold"]:
             print(f"sqnr_bench: warning: bnfold left {model_facts['bn_nodes_after_fold']} BatchNormalization in "
                   f"{name}: its 'folded' figures are not of a fully folded model", file=sys.stderr)
+    add_activation_candidates(jobs, {name: model_facts.pop("floats") for name, model_facts in facts.items()},
+                              args, seeds)
     rows = summarize(evaluate({"seeds": seeds, "models": jobs}, args.out), facts)
     print_tables(rows)
     print(f"{len(rows)} models, {len(seeds)} inputs 1x3x{IMAGE_SIZE}x{IMAGE_SIZE} uniform in [-1, 1) (seeds 0.."

@@ -3,6 +3,7 @@
 // Signal-to-quantization-noise measurements for scripts/bench/quant/sqnr_bench.py, in one node start-up.
 //
 // usage: sqnr_eval.js JOBS.json
+//        sqnr_eval.js --calibrate JOBS.json   ({"seeds", "models": [{"name", "path"}]}: largest |output| per output)
 // JOBS.json: {"seeds": [0, 1, ...], "models": [{"name", "reference": PATH, "candidates": {LABEL: PATH, ...}}]}
 // Each candidate runs on the same seeded random inputs as its reference (scripts/ort/common.js's randomFeeds:
 // floats uniform in [-1, 1)), sessions as in compare.js (no graph optimisation, one thread).
@@ -58,15 +59,42 @@ function accumulate(reference, candidate, path) {
     });
 }
 
+// --calibrate: the largest |value| of each output of each model over the seeded inputs (per-tensor activation
+// ranges; the caller exposes the activations as outputs).
+async function calibrate(jobs) {
+    const report = { models: [] };
+    for (const model of jobs.models) {
+        const session = await common.createSession(model.path);
+        try {
+            const maxAbs = {};
+            for (const seed of jobs.seeds) {
+                const outputs = await common.runSession(session, common.randomFeeds(session, seed, model.path), model.path);
+                for (const name of session.outputNames) {
+                    const values = floatValues(outputs[name], model.path, name);
+                    let largest = maxAbs[name] || 0;
+                    for (let i = 0; i < values.length; i++) largest = Math.max(largest, Math.abs(values[i]));
+                    maxAbs[name] = largest;
+                }
+            }
+            report.models.push({ name: model.name, max_abs: maxAbs });
+        } finally {
+            common.releaseSession(session);
+        }
+    }
+    process.stdout.write(JSON.stringify(report) + '\n');
+}
+
 async function main() {
-    if (process.argv.length !== 3) fail('usage: sqnr_eval.js JOBS.json');
+    const calibrating = process.argv[2] === '--calibrate';
+    if (process.argv.length !== (calibrating ? 4 : 3)) fail('usage: sqnr_eval.js [--calibrate] JOBS.json');
     let jobs;
     try {
-        jobs = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'));
+        jobs = JSON.parse(fs.readFileSync(process.argv[process.argv.length - 1], 'utf8'));
         common.loadOrt();
     } catch (e) {
         fail(e.message);
     }
+    if (calibrating) return calibrate(jobs);
     const report = { models: [] };
     for (const model of jobs.models) {
         const probe = await common.createSession(model.reference);
