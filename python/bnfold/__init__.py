@@ -259,7 +259,7 @@ def info(model, *, weights=False, rules="default", keep=(), keep_op=(), input_de
     options = None
     if weights:
         options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, False,
-                                  max_constant_size, False)
+                                  max_constant_size, False, False)
     elif (rules != "default" or keep or keep_op or input_defaults_are_constant or freeze_train_bn
           or max_constant_size != 64.0):
         raise OptionError("the rule keywords of info apply only with weights=True")
