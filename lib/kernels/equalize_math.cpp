@@ -36,9 +36,8 @@ inline double roundHalfAway(double x) {
   if (!(std::abs(x) < 4503599627370496.0)) return std::round(x);
   const auto truncated = static_cast<double>(static_cast<std::int64_t>(x));
   const double fraction = x - truncated;
-  if (fraction >= 0.5) return truncated + 1.0;
-  if (fraction <= -0.5) return truncated - 1.0;
-  return truncated;
+  // Selects rather than branches: the fraction's side of 1/2 is random from weight to weight.
+  return truncated + (fraction >= 0.5 ? 1.0 : 0.0) - (fraction <= -0.5 ? 1.0 : 0.0);
 }
 
 inline double int8Rounded(double w, double step) { return std::clamp(roundHalfAway(w / step), -127.0, 127.0) * step; }
