@@ -1,5 +1,6 @@
-// Equalization runs on working copies of the chain's weights: each pairwise step rescales them, so the ranges
-// the next step reads are those of the weights as they would be written.
+// The sweep reads each layer's weights once, as the largest |w| per (output, input) channel pair, and rescales
+// those as the weights would be rescaled, so its ranges are exactly those of the rescaled weights. The noise of a
+// layer under given scales must round every weight; a chain's noise model computes it once per distinct scales.
 #include "kernels/equalize_math.h"
 
 #include <algorithm>
@@ -29,6 +30,18 @@ std::vector<double> channelRanges(const char* function, const std::optional<Chan
   return ranges;
 }
 
+// std::round (halves away from zero) without a library call per weight; exact: below 2^52 the fraction x - trunc(x)
+// is representable.
+inline double roundHalfAway(double x) {
+  if (!(std::abs(x) < 4503599627370496.0)) return std::round(x);
+  const auto truncated = static_cast<double>(static_cast<std::int64_t>(x));
+  const double fraction = x - truncated;
+  // Selects rather than branches: the fraction's side of 1/2 is random from weight to weight.
+  return truncated + (fraction >= 0.5 ? 1.0 : 0.0) - (fraction <= -0.5 ? 1.0 : 0.0);
+}
+
+inline double int8Rounded(double w, double step) { return std::clamp(roundHalfAway(w / step), -127.0, 127.0) * step; }
+
 std::vector<double> inverse(const std::vector<double>& scale) {
   std::vector<double> result(scale.size());
   for (std::size_t i = 0; i < scale.size(); ++i) result[i] = 1.0 / scale[i];
@@ -43,32 +56,255 @@ std::vector<double> pairScales(const std::vector<double>& r1, const std::vector<
   return s;
 }
 
+// A layer's weight elements in runs that share one output and one input channel, in element order, with the
+// largest |w| of each run. A positive per-channel factor keeps a run's largest element its largest, and rounding
+// is monotone, so the largest of the rescaled weights is exactly the rescaled largest: the ranges of a rescaled
+// layer come from its runs without touching every weight.
+struct LayerPairs {
+  std::vector<std::int64_t> start;  // one per run, and the element count last
+  std::vector<std::size_t> out, in;
+  std::vector<double> largest;
+  std::size_t outChannels = 0, inChannels = 0;
+
+  std::size_t runs() const { return out.size(); }
+};
+
+void checkLayerDims(const char* function, const std::optional<ChannelIndexing>& indexing,
+                    const std::optional<std::int64_t>& channels, const ChainLayer& layer) {
+  if (!indexing || !channels) throw std::invalid_argument(std::string(function) + ": dims do not fit the layout");
+  std::size_t count = 1;
+  for (std::int64_t d : layer.dims) count *= static_cast<std::size_t>(d);
+  if (count != layer.weights.size())
+    throw std::invalid_argument(std::string(function) + ": dims do not match the " +
+                                std::to_string(layer.weights.size()) + " weights");
+}
+
+LayerPairs layerPairs(const ChainLayer& layer) {
+  const auto outIndexing = outputChannelIndexing(layer.layout, layer.dims);
+  const auto inIndexing = inputChannelIndexing(layer.layout, layer.dims);
+  const auto outChannels = outputChannelCount(layer.layout, layer.dims);
+  const auto inChannels = inputChannelCount(layer.layout, layer.dims);
+  checkLayerDims("outputChannelRanges", outIndexing, outChannels, layer);
+  checkLayerDims("inputChannelRanges", inIndexing, inChannels, layer);
+  LayerPairs pairs;
+  pairs.outChannels = static_cast<std::size_t>(*outChannels);
+  pairs.inChannels = static_cast<std::size_t>(*inChannels);
+  const auto count = static_cast<std::int64_t>(layer.weights.size());
+  forEachChannelRun(*outIndexing, 0, count, [&](std::int64_t offset, std::int64_t length, std::int64_t out) {
+    forEachChannelRun(*inIndexing, offset, length, [&](std::int64_t inner, std::int64_t innerLength, std::int64_t in) {
+      double largest = 0.0;
+      for (std::int64_t e = offset + inner; e < offset + inner + innerLength; ++e)
+        largest = std::max(largest, std::abs(layer.weights[static_cast<std::size_t>(e)]));
+      pairs.start.push_back(offset + inner);
+      pairs.out.push_back(static_cast<std::size_t>(out));
+      pairs.in.push_back(static_cast<std::size_t>(in));
+      pairs.largest.push_back(largest);
+    });
+  });
+  pairs.start.push_back(count);
+  return pairs;
+}
+
+
+}  // namespace
+
+// The data-free noise model of chainInt8Noise: per layer, the power of each input channel and the gain of each
+// output channel to the chain's output, in the coordinates of the weights as given.
+struct ChainNoise::Model {
+  explicit Model(const std::vector<ChainLayer>& chain) : layers(chain) {
+    if (layers.empty()) throw std::invalid_argument("equalize: a chain needs a layer");
+    for (const ChainLayer& layer : layers) pairs.push_back(layerPairs(layer));
+    for (std::size_t k = 0; k + 1 < layers.size(); ++k)
+      if (pairs[k].outChannels != pairs[k + 1].inChannels)
+        throw std::invalid_argument("equalize: layer " + std::to_string(k) +
+                                    "'s output channels do not match layer " + std::to_string(k + 1) +
+                                    "'s input channels");
+    remembered.resize(layers.size());
+  }
+
+  // The powers, gains and signal; only the noise needs them, not the sweep.
+  void propagate() const {
+    if (propagated) return;
+    propagated = true;
+    const std::size_t n = layers.size();
+    power.resize(n);
+    power[0].assign(pairs[0].inChannels, 1.0);
+    for (std::size_t k = 0; k < n; ++k) {
+      std::vector<double> out(pairs[k].outChannels, 0.0);
+      forEachElement(k, [&](std::size_t o, std::size_t i, double w) { out[o] += w * w * power[k][i]; });
+      if (k + 1 < n)
+        power[k + 1] = std::move(out);
+      else
+        for (double p : out) signal += p;
+    }
+    gain.resize(n);
+    gain[n - 1].assign(pairs[n - 1].outChannels, 1.0);
+    for (std::size_t k = n - 1; k > 0; --k) {
+      gain[k - 1].assign(power[k].size(), 0.0);
+      forEachElement(k, [&](std::size_t o, std::size_t i, double w) { gain[k - 1][i] += w * w * gain[k][o]; });
+    }
+  }
+
+  template <typename Visit>
+  void forEachElement(std::size_t k, Visit&& visit) const {
+    const LayerPairs& runs = pairs[k];
+    const std::vector<double>& weights = layers[k].weights;
+    for (std::size_t r = 0; r < runs.runs(); ++r)
+      for (auto e = static_cast<std::size_t>(runs.start[r]); e < static_cast<std::size_t>(runs.start[r + 1]); ++e)
+        visit(runs.out[r], runs.in[r], weights[e]);
+  }
+
+  // Layer k's noise with its output channels divided by `outScale` and input channels multiplied by `inScale`
+  // (null: 1), relative to the chain's signal; remembered per distinct pair of scales.
+  double layerNoise(std::size_t k, const std::vector<double>* inScale, const std::vector<double>* outScale) const {
+    static const std::vector<double> kNone;
+    const std::vector<double>& in = inScale ? *inScale : kNone;
+    const std::vector<double>& out = outScale ? *outScale : kNone;
+    for (const Remembered& entry : remembered[k])
+      if (entry.in == in && entry.out == out) return entry.noise;
+    const double noise = computeLayerNoise(k, inScale, outScale);
+    remembered[k].push_back({in, out, noise});
+    return noise;
+  }
+
+  double computeLayerNoise(std::size_t k, const std::vector<double>* inScale,
+                           const std::vector<double>* outScale) const {
+    propagate();
+    const LayerPairs& runs = pairs[k];
+    auto factor = [&](std::size_t r) {
+      return (inScale ? (*inScale)[runs.in[r]] : 1.0) / (outScale ? (*outScale)[runs.out[r]] : 1.0);
+    };
+    double largest = 0.0;
+    for (std::size_t r = 0; r < runs.runs(); ++r) largest = std::max(largest, std::abs(runs.largest[r] * factor(r)));
+    if (largest == 0.0 || !std::isfinite(largest) || !(signal > 0.0)) return 0.0;
+    const double step = largest / 127.0;
+    const std::vector<double>& weights = layers[k].weights;
+    double noise = 0.0;
+    for (std::size_t r = 0; r < runs.runs(); ++r) {
+      const double f = factor(r);
+      const double g = gain[k][runs.out[r]];
+      const double p = power[k][runs.in[r]];
+      for (auto e = static_cast<std::size_t>(runs.start[r]); e < static_cast<std::size_t>(runs.start[r + 1]); ++e) {
+        // The element's error in the scaled coordinates, carried back to the given ones (times 1 / factor) where
+        // the powers and gains are.
+        const double scaled = weights[e] * f;
+        const double error = (scaled - int8Rounded(scaled, step)) / f;
+        noise += error * error * g * p;
+      }
+    }
+    return noise / signal;
+  }
+
+  double layerNoise(std::size_t k, const std::vector<std::vector<double>>& scales) const {
+    return layerNoise(k, k > 0 ? &scales[k - 1] : nullptr, k + 1 < layers.size() ? &scales[k] : nullptr);
+  }
+
+  struct Remembered {
+    std::vector<double> in, out;
+    double noise;
+  };
+
+  const std::vector<ChainLayer>& layers;
+  std::vector<LayerPairs> pairs;
+  mutable bool propagated = false;
+  mutable std::vector<std::vector<double>> power, gain;
+  mutable double signal = 0.0;
+  mutable std::vector<std::vector<Remembered>> remembered;
+};
+
+ChainNoise::ChainNoise(const std::vector<ChainLayer>& layers) : model_(std::make_unique<Model>(layers)) {}
+ChainNoise::~ChainNoise() = default;
+
+double ChainNoise::layer(std::size_t k, const std::vector<std::vector<double>>& scales) const {
+  if (scales.size() + 1 != model_->layers.size())
+    throw std::invalid_argument("chainInt8Noise: one scale vector per link needed");
+  return model_->layerNoise(k, scales);
+}
+
+std::vector<double> ChainNoise::perLayer(const std::vector<std::vector<double>>& scales) const {
+  std::vector<double> noise;
+  for (std::size_t k = 0; k < model_->layers.size(); ++k) noise.push_back(layer(k, scales));
+  return noise;
+}
+
+namespace {
+
+using NoiseModel = ChainNoise::Model;
+
+// A layer's channel ranges as a sweep rescales it. A side no link scales keeps its ranges, and the ranges of the
+// other side then follow each rescaling channel by channel (the largest of a channel times its factor); a layer
+// scaled on both sides keeps its runs' largest values, rescaled in the same order as the weights would be.
+class SweptLayer {
+ public:
+  SweptLayer(const LayerPairs& pairs, bool inputScaled, bool outputScaled)
+      : pairs_(pairs), bothScaled_(inputScaled && outputScaled) {
+    if (bothScaled_) {
+      largest_ = pairs.largest;
+    } else {
+      outRanges_ = fromRuns(pairs.largest, pairs.out, pairs.outChannels);
+      inRanges_ = fromRuns(pairs.largest, pairs.in, pairs.inChannels);
+    }
+  }
+
+  // Asked only for a side a link scales.
+  std::vector<double> outputRanges() const {
+    return bothScaled_ ? fromRuns(largest_, pairs_.out, pairs_.outChannels) : outRanges_;
+  }
+  std::vector<double> inputRanges() const {
+    return bothScaled_ ? fromRuns(largest_, pairs_.in, pairs_.inChannels) : inRanges_;
+  }
+
+  void scaleOutputs(const std::vector<double>& factor) { scale(factor, pairs_.out, outRanges_); }
+  void scaleInputs(const std::vector<double>& factor) { scale(factor, pairs_.in, inRanges_); }
+
+ private:
+  static std::vector<double> fromRuns(const std::vector<double>& largest, const std::vector<std::size_t>& channel,
+                                      std::size_t channels) {
+    std::vector<double> ranges(channels, 0.0);
+    for (std::size_t r = 0; r < largest.size(); ++r) ranges[channel[r]] = std::max(ranges[channel[r]], largest[r]);
+    return ranges;
+  }
+
+  void scale(const std::vector<double>& factor, const std::vector<std::size_t>& channel,
+             std::vector<double>& ranges) {
+    if (bothScaled_)
+      for (std::size_t r = 0; r < largest_.size(); ++r) largest_[r] *= factor[channel[r]];
+    else
+      for (std::size_t c = 0; c < ranges.size(); ++c) ranges[c] *= factor[c];
+  }
+
+  const LayerPairs& pairs_;
+  bool bothScaled_;
+  std::vector<double> largest_, outRanges_, inRanges_;
+};
+
+std::vector<SweptLayer> sweptLayers(const NoiseModel& model, const std::vector<bool>& active) {
+  std::vector<SweptLayer> layers;
+  const std::size_t links = active.size();
+  for (std::size_t k = 0; k < model.pairs.size(); ++k)
+    layers.emplace_back(model.pairs[k], k > 0 && active[k - 1], k < links && active[k]);
+  return layers;
+}
+
 struct SweepResult {
   std::vector<std::vector<double>> scales;
   std::size_t sweeps = 0;
   bool converged = false;
 };
 
-SweepResult sweep(const std::vector<ChainLayer>& layers, const std::vector<bool>& active,
-                  const EqualizeSettings& settings) {
-  const std::size_t links = layers.size() - 1;
-  std::vector<std::vector<double>> work;
-  work.reserve(layers.size());
-  for (const ChainLayer& layer : layers) work.push_back(layer.weights);
+SweepResult sweep(const NoiseModel& model, const std::vector<bool>& active, const EqualizeSettings& settings) {
+  const std::size_t links = active.size();
+  std::vector<SweptLayer> work = sweptLayers(model, active);
   SweepResult result;
-  for (std::size_t k = 0; k < links; ++k) {
-    const auto channels = outputChannelCount(layers[k].layout, layers[k].dims);
-    result.scales.emplace_back(static_cast<std::size_t>(channels.value_or(0)), 1.0);
-  }
+  for (std::size_t k = 0; k < links; ++k) result.scales.emplace_back(model.pairs[k].outChannels, 1.0);
   while (result.sweeps < settings.maxSweeps) {
     ++result.sweeps;
     double largestStep = 0.0;
     for (std::size_t k = 0; k < links; ++k) {
       if (!active[k]) continue;
-      const auto s = pairScales(outputChannelRanges(layers[k].layout, work[k], layers[k].dims),
-                                inputChannelRanges(layers[k + 1].layout, work[k + 1], layers[k + 1].dims));
-      scaleOutputChannels(layers[k].layout, work[k], layers[k].dims, inverse(s));
-      scaleInputChannels(layers[k + 1].layout, work[k + 1], layers[k + 1].dims, s);
+      const auto s = pairScales(work[k].outputRanges(), work[k + 1].inputRanges());
+      work[k].scaleOutputs(inverse(s));
+      work[k + 1].scaleInputs(s);
       for (std::size_t i = 0; i < s.size(); ++i) {
         result.scales[k][i] *= s[i];
         largestStep = std::max(largestStep, std::abs(std::log(s[i])));
@@ -82,79 +318,6 @@ SweepResult sweep(const std::vector<ChainLayer>& layers, const std::vector<bool>
   return result;
 }
 
-double int8Rounded(double w, double step) { return std::clamp(std::round(w / step), -127.0, 127.0) * step; }
-
-// The data-free noise model of chainInt8Noise: per layer, the power of each input channel and the gain of each
-// output channel to the chain's output, in the coordinates of the weights as given.
-class ChainNoiseModel {
- public:
-  explicit ChainNoiseModel(const std::vector<ChainLayer>& layers) : layers_(layers) {
-    const std::size_t n = layers.size();
-    for (const ChainLayer& layer : layers) {
-      outIndexing_.push_back(*outputChannelIndexing(layer.layout, layer.dims));
-      inIndexing_.push_back(*inputChannelIndexing(layer.layout, layer.dims));
-    }
-    power_.resize(n);
-    power_[0].assign(static_cast<std::size_t>(*inputChannelCount(layers[0].layout, layers[0].dims)), 1.0);
-    for (std::size_t k = 0; k < n; ++k) {
-      std::vector<double> out(static_cast<std::size_t>(*outputChannelCount(layers[k].layout, layers[k].dims)), 0.0);
-      for (std::size_t e = 0; e < layers[k].weights.size(); ++e)
-        out[outChannel(k, e)] += layers[k].weights[e] * layers[k].weights[e] * power_[k][inChannel(k, e)];
-      if (k + 1 < n)
-        power_[k + 1] = std::move(out);
-      else
-        for (double p : out) signal_ += p;
-    }
-    gain_.resize(n);
-    gain_[n - 1].assign(static_cast<std::size_t>(*outputChannelCount(layers[n - 1].layout, layers[n - 1].dims)), 1.0);
-    for (std::size_t k = n - 1; k > 0; --k) {
-      gain_[k - 1].assign(power_[k].size(), 0.0);
-      for (std::size_t e = 0; e < layers[k].weights.size(); ++e)
-        gain_[k - 1][inChannel(k, e)] += layers[k].weights[e] * layers[k].weights[e] * gain_[k][outChannel(k, e)];
-    }
-  }
-
-  // Layer k's noise with its output channels divided by `outScale` and input channels multiplied by `inScale`
-  // (null: 1), relative to the chain's signal.
-  double layerNoise(std::size_t k, const std::vector<double>* inScale, const std::vector<double>* outScale) const {
-    const std::vector<double>& weights = layers_[k].weights;
-    auto factor = [&](std::size_t e) {
-      return (inScale ? (*inScale)[inChannel(k, e)] : 1.0) / (outScale ? (*outScale)[outChannel(k, e)] : 1.0);
-    };
-    double largest = 0.0;
-    for (std::size_t e = 0; e < weights.size(); ++e) largest = std::max(largest, std::abs(weights[e] * factor(e)));
-    if (largest == 0.0 || !std::isfinite(largest) || !(signal_ > 0.0)) return 0.0;
-    const double step = largest / 127.0;
-    double noise = 0.0;
-    for (std::size_t e = 0; e < weights.size(); ++e) {
-      // The element's error in the scaled coordinates, carried back to the given ones (times 1 / factor) where
-      // the powers and gains are.
-      const double f = factor(e);
-      const double scaled = weights[e] * f;
-      const double error = (scaled - int8Rounded(scaled, step)) / f;
-      noise += error * error * gain_[k][outChannel(k, e)] * power_[k][inChannel(k, e)];
-    }
-    return noise / signal_;
-  }
-
-  double layerNoise(std::size_t k, const std::vector<std::vector<double>>& scales) const {
-    return layerNoise(k, k > 0 ? &scales[k - 1] : nullptr, k + 1 < layers_.size() ? &scales[k] : nullptr);
-  }
-
- private:
-  std::size_t outChannel(std::size_t k, std::size_t e) const {
-    return static_cast<std::size_t>(outIndexing_[k].channel(static_cast<std::int64_t>(e)));
-  }
-  std::size_t inChannel(std::size_t k, std::size_t e) const {
-    return static_cast<std::size_t>(inIndexing_[k].channel(static_cast<std::int64_t>(e)));
-  }
-
-  const std::vector<ChainLayer>& layers_;
-  std::vector<ChannelIndexing> outIndexing_, inIndexing_;
-  std::vector<std::vector<double>> power_, gain_;
-  double signal_ = 0.0;
-};
-
 bool isDepthwise(const ChainLayer& layer) {
   if (layer.layout.kind != WeightKind::Conv || layer.layout.group <= 1) return false;
   return inputChannelCount(layer.layout, layer.dims) == layer.layout.group &&
@@ -166,16 +329,15 @@ bool isDense(const ChainLayer& layer) {
   return !grouped || layer.layout.group == 1;
 }
 
-// AIMET's one pass on working copies: dense -> depthwise -> dense as a triple in closed form, other candidate
-// links as pairs, each once, in chain order.
-std::vector<std::vector<double>> aimetOnePassScales(const std::vector<ChainLayer>& layers,
-                                                    const std::vector<bool>& active,
+// AIMET's one pass on the layers' ranges (as the sweep's): dense -> depthwise -> dense as a triple in closed form,
+// other candidate links as pairs, each once, in chain order.
+std::vector<std::vector<double>> aimetOnePassScales(const NoiseModel& model, const std::vector<bool>& active,
                                                     std::vector<std::vector<double>> scales) {
-  std::vector<std::vector<double>> work;
-  for (const ChainLayer& layer : layers) work.push_back(layer.weights);
+  const std::vector<ChainLayer>& layers = model.layers;
+  std::vector<SweptLayer> work = sweptLayers(model, active);
   auto apply = [&](std::size_t k, const std::vector<double>& s) {
-    scaleOutputChannels(layers[k].layout, work[k], layers[k].dims, inverse(s));
-    scaleInputChannels(layers[k + 1].layout, work[k + 1], layers[k + 1].dims, s);
+    work[k].scaleOutputs(inverse(s));
+    work[k + 1].scaleInputs(s);
     for (std::size_t i = 0; i < s.size(); ++i) scales[k][i] *= s[i];
   };
   const std::size_t links = layers.size() - 1;
@@ -183,9 +345,9 @@ std::vector<std::vector<double>> aimetOnePassScales(const std::vector<ChainLayer
     if (!active[k]) continue;
     if (k + 1 < links && active[k + 1] && isDense(layers[k]) && isDepthwise(layers[k + 1]) &&
         isDense(layers[k + 2])) {
-      const auto r1 = outputChannelRanges(layers[k].layout, work[k], layers[k].dims);
-      const auto r2 = outputChannelRanges(layers[k + 1].layout, work[k + 1], layers[k + 1].dims);
-      const auto r3 = inputChannelRanges(layers[k + 2].layout, work[k + 2], layers[k + 2].dims);
+      const auto r1 = work[k].outputRanges();
+      const auto r2 = work[k + 1].outputRanges();
+      const auto r3 = work[k + 2].inputRanges();
       std::vector<double> s12(r1.size(), 1.0), s23(r1.size(), 1.0);
       for (std::size_t i = 0; i < r1.size(); ++i) {
         if (!(r1[i] > 0.0 && r2[i] > 0.0 && r3[i] > 0.0) || !std::isfinite(r1[i] * r2[i] * r3[i])) continue;
@@ -198,8 +360,7 @@ std::vector<std::vector<double>> aimetOnePassScales(const std::vector<ChainLayer
       ++k;
       continue;
     }
-    apply(k, pairScales(outputChannelRanges(layers[k].layout, work[k], layers[k].dims),
-                        inputChannelRanges(layers[k + 1].layout, work[k + 1], layers[k + 1].dims)));
+    apply(k, pairScales(work[k].outputRanges(), work[k + 1].inputRanges()));
   }
   return scales;
 }
@@ -218,7 +379,7 @@ struct PoweredScales {
 
 // Coordinate descent over each candidate link's power of `full`, on the chain's summed noise; a link's power
 // changes only its two layers' noise. Starts from the full step everywhere.
-PoweredScales choosePowers(const ChainNoiseModel& model, const std::vector<std::vector<double>>& full,
+PoweredScales choosePowers(const NoiseModel& model, const std::vector<std::vector<double>>& full,
                            const std::vector<bool>& active) {
   static constexpr double kPowers[] = {1.0, 0.5, 0.0};
   static constexpr int kMaxRounds = 4;
@@ -257,22 +418,6 @@ PoweredScales choosePowers(const ChainNoiseModel& model, const std::vector<std::
   return result;
 }
 
-void checkChain(const std::vector<ChainLayer>& layers) {
-  if (layers.empty()) throw std::invalid_argument("equalize: a chain needs a layer");
-  for (const ChainLayer& layer : layers) {
-    // Checks dims against the layout and the data.
-    outputChannelRanges(layer.layout, layer.weights, layer.dims);
-    inputChannelRanges(layer.layout, layer.weights, layer.dims);
-  }
-  for (std::size_t k = 0; k + 1 < layers.size(); ++k) {
-    const auto out = outputChannelCount(layers[k].layout, layers[k].dims);
-    const auto in = inputChannelCount(layers[k + 1].layout, layers[k + 1].dims);
-    if (!out || !in || *out != *in)
-      throw std::invalid_argument("equalize: layer " + std::to_string(k) + "'s output channels do not match layer " +
-                                  std::to_string(k + 1) + "'s input channels");
-  }
-}
-
 }  // namespace
 
 std::vector<double> outputChannelRanges(const WeightLayout& layout, const std::vector<double>& weights,
@@ -297,7 +442,7 @@ double relativeInt8Error(const std::vector<double>& weights) {
   const double step = largest / 127.0;
   double noise = 0.0;
   for (double w : weights) {
-    const double q = std::clamp(std::round(w / step), -127.0, 127.0) * step;
+    const double q = int8Rounded(w, step);
     noise += (w - q) * (w - q);
   }
   return noise / energy;
@@ -318,7 +463,7 @@ double channelRelativeInt8Error(const WeightLayout& layout, const std::vector<do
                     [&](std::int64_t offset, std::int64_t length, std::int64_t channel) {
                       for (std::int64_t i = offset; i < offset + length; ++i) {
                         const double w = weights[static_cast<std::size_t>(i)];
-                        const double q = std::clamp(std::round(w / step), -127.0, 127.0) * step;
+                        const double q = int8Rounded(w, step);
                         noise[static_cast<std::size_t>(channel)] += (w - q) * (w - q);
                         energy[static_cast<std::size_t>(channel)] += w * w;
                       }
@@ -343,22 +488,24 @@ std::vector<double> equalizedWeights(const std::vector<ChainLayer>& layers,
 
 std::vector<double> chainInt8Noise(const std::vector<ChainLayer>& layers,
                                    const std::vector<std::vector<double>>& scales) {
-  checkChain(layers);
-  if (scales.size() + 1 != layers.size())
-    throw std::invalid_argument("chainInt8Noise: one scale vector per link needed");
-  const ChainNoiseModel model(layers);
-  std::vector<double> noise;
-  for (std::size_t k = 0; k < layers.size(); ++k) noise.push_back(model.layerNoise(k, scales));
-  return noise;
+  return ChainNoise(layers).perLayer(scales);
 }
 
 ChainScales equalizeChain(const std::vector<ChainLayer>& layers, const std::vector<bool>& candidate,
                           const EqualizeSettings& settings) {
   if (layers.size() < 2 || candidate.size() != layers.size() - 1)
     throw std::invalid_argument("equalizeChain: a chain needs two layers or more and one flag per link");
-  checkChain(layers);
+  return equalizeChain(ChainNoise(layers), candidate, settings);
+}
+
+ChainScales equalizeChain(const ChainNoise& noise, const std::vector<bool>& candidate,
+                          const EqualizeSettings& settings) {
+  const NoiseModel& model = noise.model();
+  const std::vector<ChainLayer>& layers = model.layers;
+  if (layers.size() < 2 || candidate.size() != layers.size() - 1)
+    throw std::invalid_argument("equalizeChain: a chain needs two layers or more and one flag per link");
   const std::size_t links = candidate.size();
-  SweepResult swept = sweep(layers, candidate, settings);
+  SweepResult swept = sweep(model, candidate, settings);
   ChainScales result;
   result.sweeps = swept.sweeps;
   result.converged = swept.converged;
@@ -371,12 +518,11 @@ ChainScales equalizeChain(const std::vector<ChainLayer>& layers, const std::vect
       if (candidate[k]) result.power[k] = 1.0;
     return result;
   }
-  const ChainNoiseModel model(layers);
   std::vector<std::vector<double>> identity;
   for (const auto& s : swept.scales) identity.emplace_back(s.size(), 1.0);
   for (std::size_t k = 0; k < layers.size(); ++k) result.noiseBefore += model.layerNoise(k, identity);
 
-  const std::vector<std::vector<double>> aimet = aimetOnePassScales(layers, candidate, identity);
+  const std::vector<std::vector<double>> aimet = aimetOnePassScales(model, candidate, identity);
   PoweredScales bySweep = choosePowers(model, swept.scales, candidate);
   PoweredScales byAimet = choosePowers(model, aimet, candidate);
   const bool aimetWins = byAimet.noise < bySweep.noise;

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/fold_math.h"
@@ -91,6 +92,30 @@ struct ChainScales {
 std::vector<double> chainInt8Noise(const std::vector<ChainLayer>& layers,
                                    const std::vector<std::vector<double>>& scales);
 
+/// chainInt8Noise's model of one chain, built once from its weights: each layer's noise under given scales is
+/// computed once per distinct (layer, scales) and remembered, since choosing the scales and reporting them ask for
+/// the same ones again. Keeps a reference to `layers`, which must outlive it. Throws std::invalid_argument as
+/// chainInt8Noise does.
+class ChainNoise {
+ public:
+  explicit ChainNoise(const std::vector<ChainLayer>& layers);
+  ~ChainNoise();
+  ChainNoise(const ChainNoise&) = delete;
+  ChainNoise& operator=(const ChainNoise&) = delete;
+
+  /// Layer k's noise with `scales` (one vector per link) applied: chainInt8Noise(layers, scales)[k].
+  double layer(std::size_t k, const std::vector<std::vector<double>>& scales) const;
+  /// chainInt8Noise(layers, scales).
+  std::vector<double> perLayer(const std::vector<std::vector<double>>& scales) const;
+
+  /// The per-layer data behind it (equalize_math.cpp), which equalizeChain sweeps on too.
+  struct Model;
+  const Model& model() const { return *model_; }
+
+ private:
+  std::unique_ptr<Model> model_;
+};
+
 /// Chooses the scales of a chain. Candidates: the pairwise sweep to convergence (s = sqrt(r1 / r2) per channel, 1
 /// when either range is 0), and AIMET's one pass (a dense layer, a depthwise Conv and a dense layer as a triple
 /// in closed form, S12 = r1 / cbrt(r1 r2 r3), S23 = cbrt(r1 r2 r3) / r3; other links as pairs; each set once,
@@ -100,6 +125,9 @@ std::vector<double> chainInt8Noise(const std::vector<ChainLayer>& layers,
 /// `candidate[k]` false: link k is left alone. Throws std::invalid_argument when the layers' channel counts do
 /// not fit together.
 ChainScales equalizeChain(const std::vector<ChainLayer>& layers, const std::vector<bool>& candidate,
+                          const EqualizeSettings& settings = {});
+/// The same, with the chain's noise model built already (and its remembered noises kept for the caller).
+ChainScales equalizeChain(const ChainNoise& noise, const std::vector<bool>& candidate,
                           const EqualizeSettings& settings = {});
 
 /// The weights of layer k of the chain with the scales applied: output channels divided by scales[k] (when k is

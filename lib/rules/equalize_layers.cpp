@@ -507,6 +507,10 @@ struct EqualizeMatch : Match {
   std::optional<LinkProblem> end;  // why the chain stops after its last layer
   std::optional<Junction> after;   // a fan-out or Flatten after the last layer
   std::optional<Junction> concat;  // a match rooted at a Concat: this junction alone
+  // The chain's output-referred int8 noise per layer (kernels::chainInt8Noise), as given and as written, and per
+  // changed link its two layers' noise with every other link as written but this one left alone: what the link
+  // had to beat. Empty for a match that is only a junction after one layer.
+  std::vector<double> noiseBefore, noiseAfter, noiseWithoutLink;
 };
 
 // The chain's scales as written: 1 on every link left alone.
@@ -571,10 +575,12 @@ class EqualizeLayers final : public Rule {
 
     const std::size_t links = match->activations.size();
     std::string refused;
+    std::unique_ptr<kernels::ChainNoise> noise;
     if (links > 0) {
       for (const AffineLayer& layer : match->layers)
         match->weights.push_back({layer.layout, layer.weight->toDoubles(), layer.weight->dims()});
-      match->scales = kernels::equalizeChain(match->weights, std::vector<bool>(links, true));
+      noise = std::make_unique<kernels::ChainNoise>(match->weights);
+      match->scales = kernels::equalizeChain(*noise, std::vector<bool>(links, true));
       match->changed.assign(links, false);
       for (std::size_t k = 0; k < links; ++k) {
         const bool trivial = largestLogScale(match->scales.proposed[k]) < kTrivialLogScale;
@@ -602,6 +608,21 @@ class EqualizeLayers final : public Rule {
                                                                "int8 weight noise enough");
       return MatchResult::quietFailure(reason::kNotImproving,
                                        "the chain from '" + root.name() + "' is equalized already");
+    }
+    if (noise) {
+      // The report's numbers, mostly remembered by `noise` from choosing the scales.
+      const std::vector<std::vector<double>> applied = appliedScales(*match);
+      std::vector<std::vector<double>> identityScales;
+      for (const auto& scale : applied) identityScales.emplace_back(scale.size(), 1.0);
+      match->noiseBefore = noise->perLayer(identityScales);
+      match->noiseAfter = noise->perLayer(applied);
+      match->noiseWithoutLink.assign(links, 0.0);
+      for (std::size_t k = 0; k < links; ++k) {
+        if (!match->changed[k]) continue;
+        std::vector<std::vector<double>> withoutLink = applied;
+        std::fill(withoutLink[k].begin(), withoutLink[k].end(), 1.0);
+        match->noiseWithoutLink[k] = noise->layer(k, withoutLink) + noise->layer(k + 1, withoutLink);
+      }
     }
     return MatchResult::success(std::move(match));
   }
@@ -647,12 +668,8 @@ class EqualizeLayers final : public Rule {
     for (const Node* activation : match.activations)
       if (activation) rewriter.includeUnchanged(activation);
 
-    // The chain's output-referred int8 noise per layer (kernels::chainInt8Noise): as given and as written. A match
-    // that is only a junction after one layer has no chain.
-    std::vector<std::vector<double>> identityScales;
-    for (const auto& scale : applied) identityScales.emplace_back(scale.size(), 1.0);
-    const auto noiseBefore = links > 0 ? kernels::chainInt8Noise(match.weights, identityScales) : std::vector<double>{};
-    const auto noiseAfter = links > 0 ? kernels::chainInt8Noise(match.weights, applied) : std::vector<double>{};
+    const auto& noiseBefore = match.noiseBefore;
+    const auto& noiseAfter = match.noiseAfter;
 
     for (std::size_t k = 0; k < links; ++k) {
       const AffineLayer& first = match.layers[k];
@@ -673,11 +690,6 @@ class EqualizeLayers final : public Rule {
       const auto& w2 = match.weights[k + 1];
       const auto& w1After = after[k];
       const auto& w2After = after[k + 1];
-      // The two layers' output-referred int8 noise (kernels::chainInt8Noise) with every other link as written but
-      // this one left alone: what the link had to beat.
-      std::vector<std::vector<double>> withoutLink = applied;
-      std::fill(withoutLink[k].begin(), withoutLink[k].end(), 1.0);
-      const auto noiseWithout = kernels::chainInt8Noise(match.weights, withoutLink);
       const nlohmann::json activation =
           match.activations[k] ? nlohmann::json(match.activations[k]->opType()) : nlohmann::json(nullptr);
       rewriter.record("equalized",
@@ -702,7 +714,7 @@ class EqualizeLayers final : public Rule {
                        {"quant_error_after",
                         {{"layer1", noiseAfter[k]}, {"layer2", noiseAfter[k + 1]},
                          {"sum", noiseAfter[k] + noiseAfter[k + 1]}}},
-                       {"quant_error_without_link", noiseWithout[k] + noiseWithout[k + 1]},
+                       {"quant_error_without_link", match.noiseWithoutLink[k]},
                        {"chain_layers", match.layers.size()},
                        {"sweeps", match.scales.sweeps},
                        {"converged", match.scales.converged}});

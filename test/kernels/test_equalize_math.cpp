@@ -165,3 +165,83 @@ TEST_CASE("equalize math: a gain below the minimum leaves the chain alone", "[eq
   CHECK(left.noiseAfter == left.noiseBefore);
   CHECK(left.proposed[0][0] == Approx(std::sqrt(2.0)));
 }
+
+namespace {
+
+// Weights whose output channels spread over two decades, as BN folding leaves them; deterministic.
+std::vector<double> spreadWeights(std::size_t count, std::size_t perChannel, double phase) {
+  std::vector<double> weights(count);
+  for (std::size_t e = 0; e < count; ++e) {
+    const double magnitude = std::pow(10.0, std::sin(phase + static_cast<double>(e / perChannel)));
+    weights[e] = magnitude * std::cos(phase * 3.0 + 1.3 * static_cast<double>(e));
+  }
+  return weights;
+}
+
+// The sweep as the definition states it: each step reads both layers' ranges from the full weights as rescaled so
+// far and rescales them.
+std::vector<std::vector<double>> referenceSweep(const std::vector<ChainLayer>& chain, std::size_t sweeps) {
+  std::vector<std::vector<double>> work, scales;
+  for (const ChainLayer& layer : chain) work.push_back(layer.weights);
+  for (std::size_t k = 0; k + 1 < chain.size(); ++k)
+    scales.emplace_back(static_cast<std::size_t>(*outputChannelCount(chain[k].layout, chain[k].dims)), 1.0);
+  for (std::size_t sweep = 0; sweep < sweeps; ++sweep)
+    for (std::size_t k = 0; k + 1 < chain.size(); ++k) {
+      const auto r1 = outputChannelRanges(chain[k].layout, work[k], chain[k].dims);
+      const auto r2 = inputChannelRanges(chain[k + 1].layout, work[k + 1], chain[k + 1].dims);
+      std::vector<double> s(r1.size(), 1.0), inverse(r1.size(), 1.0);
+      for (std::size_t i = 0; i < s.size(); ++i) {
+        if (r1[i] > 0.0 && r2[i] > 0.0) s[i] = std::sqrt(r1[i] / r2[i]);
+        inverse[i] = 1.0 / s[i];
+        scales[k][i] *= s[i];
+      }
+      scaleOutputChannels(chain[k].layout, work[k], chain[k].dims, inverse);
+      scaleInputChannels(chain[k + 1].layout, work[k + 1], chain[k + 1].dims, s);
+    }
+  return scales;
+}
+
+}  // namespace
+
+TEST_CASE("equalize math: the sweep on channel-pair maxima gives the scales of rescaling the full weights",
+          "[equalize][kernels]") {
+  // Dense 3x3 -> depthwise 3x3 -> grouped 1x1 (2 groups) -> dense 2x2: every layer of the middle is rescaled on
+  // both sides, the ends on one.
+  const std::vector<ChainLayer> convs{conv(spreadWeights(6 * 3 * 9, 27, 0.1), {6, 3, 3, 3}),
+                                      conv(spreadWeights(6 * 9, 9, 0.7), {6, 1, 3, 3}, 6),
+                                      conv(spreadWeights(4 * 3, 3, 1.9), {4, 3, 1, 1}, 2),
+                                      conv(spreadWeights(5 * 4 * 4, 16, 2.3), {5, 4, 2, 2})};
+  // Gemm (B [N, K]) -> MatMul [K, N] -> Gemm (B [K, N]).
+  ChainLayer gemmRows{{WeightKind::Gemm, 1, true}, spreadWeights(5 * 4, 4, 0.4), {5, 4}};
+  ChainLayer matmul{{WeightKind::MatMul, 1, false}, spreadWeights(5 * 3, 3, 1.1), {5, 3}};
+  ChainLayer gemmColumns{{WeightKind::Gemm, 1, false}, spreadWeights(3 * 2, 2, 2.9), {3, 2}};
+  const std::vector<ChainLayer> dense{gemmRows, matmul, gemmColumns};
+  for (const auto* chain : {&convs, &dense}) {
+    EqualizeSettings plain;
+    plain.keepOnlyImproving = false;
+    plain.tolerance = 0.0;
+    plain.maxSweeps = 7;
+    const ChainScales result = equalizeChain(*chain, std::vector<bool>(chain->size() - 1, true), plain);
+    CHECK(result.sweeps == 7);
+    // Equal to the last bit: the maxima are rescaled in the order the weights would be.
+    CHECK(result.scales == referenceSweep(*chain, 7));
+  }
+}
+
+TEST_CASE("equalize math: a chain's noise model gives chainInt8Noise's figures, asked again or not",
+          "[equalize][kernels]") {
+  const std::vector<ChainLayer> chain{conv(spreadWeights(6 * 3, 3, 0.2), {6, 3, 1, 1}),
+                                      conv(spreadWeights(6 * 9, 9, 0.8), {6, 1, 3, 3}, 6),
+                                      conv(spreadWeights(4 * 6, 6, 1.5), {4, 6, 1, 1})};
+  const ChainNoise noise(chain);
+  const ChainScales chosen = equalizeChain(noise, {true, true});
+  CHECK(chosen.scales == equalizeChain(chain, {true, true}).scales);
+  for (const auto& scales : {chosen.scales, chosen.proposed}) {
+    const std::vector<double> expected = chainInt8Noise(chain, scales);
+    CHECK(noise.perLayer(scales) == expected);
+    CHECK(noise.perLayer(scales) == expected);
+    CHECK(noise.layer(1, scales) == expected[1]);
+  }
+  CHECK_THROWS_AS(noise.perLayer({}), std::invalid_argument);
+  CHECK_THROWS_AS(ChainNoise({conv({1, 2}, {2, 1, 1, 1}), conv({1, 2, 3}, {1, 3, 1, 1})}), std::invalid_argument);
+}
