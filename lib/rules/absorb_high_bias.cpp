@@ -30,8 +30,6 @@
 namespace bnfold::rules {
 namespace {
 
-bool isSpatial(const AffineLayer& layer) { return !layer.isGemm() && !layer.isMatMul(); }
-
 // Whether the layer reads zeros beyond its input's border, where a shifted input would not be shifted.
 std::optional<std::string> paddingProblem(const Node& layer) {
   if (layer.isOnnxOp("ConvTranspose"))
@@ -127,7 +125,7 @@ class AbsorbHighBias final : public Rule {
       const MatchFailure layerWhy = asLayerFailure(why);
       return MatchResult::failure(layerWhy.code, layerWhy.message);
     }
-    if (isSpatial(*first) != isSpatial(*second) || (second->isGemm() && second->transA) ||
+    if (first->isSpatial() != second->isSpatial() || (second->isGemm() && second->transA) ||
         first->outputChannels != second->inputChannels)
       return MatchResult::failure(reason::kChannelAxisMismatch, "the output channels of " + describe(root) +
                                                                     " are not the input channels of " +

@@ -41,6 +41,8 @@ struct AffineLayer {
   DataType type() const { return weight->dataType(); }
   bool isMatMul() const { return layout.kind == kernels::WeightKind::MatMul; }
   bool isGemm() const { return layout.kind == kernels::WeightKind::Gemm; }
+  /// Conv or ConvTranspose: channels on axis 1 of an N-D tensor, not on a matrix's last axis.
+  bool isSpatial() const { return !isGemm() && !isMatMul(); }
   /// The output axis holding the channels: 1, or the last axis for MatMul (needs a known outputRank).
   int64_t outputChannelAxis() const { return isMatMul() ? outputRank - 1 : 1; }
 };

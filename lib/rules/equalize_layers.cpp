@@ -69,8 +69,6 @@ bool isQuantized(const Value* weight) {
   return weight && weight->producer() && weight->producer()->isOnnxOp("DequantizeLinear");
 }
 
-bool isSpatial(const AffineLayer& layer) { return !layer.isGemm() && !layer.isMatMul(); }
-
 bool sharedByOthers(const Value* value) { return value && value->uses().size() > 1; }
 
 double largestLogScale(const std::vector<double>& scale) {
@@ -155,7 +153,7 @@ std::variant<AffineLayer, LinkProblem> readerLayer(const Node& second, const Aff
   MatchFailure why;
   auto next = readAffineLayer(second, context, &why);
   if (!next) return LinkProblem{asLayerFailure(why)};
-  const bool sameAxis = block == 1 ? isSpatial(first) == isSpatial(*next) : isSpatial(first) && !isSpatial(*next);
+  const bool sameAxis = block == 1 ? first.isSpatial() == next->isSpatial() : first.isSpatial() && !next->isSpatial();
   if (!sameAxis || (next->isGemm() && next->transA))
     return LinkProblem{failure(reason::kChannelAxisMismatch, "the output channels of '" + from + "' (" +
                                                                   first.node->opType() + ") are not on the axis '" +
@@ -282,7 +280,7 @@ std::optional<std::variant<Junction, LinkProblem>> junctionAfter(const AffineLay
     const Node* reader = use.node;
     JunctionReaderLayer read;
     int slot = use.slot;
-    if (slot == 0 && (reader->isOnnxOp("Flatten") || reader->isOnnxOp("Reshape")) && isSpatial(first)) {
+    if (slot == 0 && (reader->isOnnxOp("Flatten") || reader->isOnnxOp("Reshape")) && first.isSpatial()) {
       const Value* flat = reader->output(0);
       const Node* after = flat ? soleConsumer(*flat, &slot) : nullptr;
       if (after && slot == 0 && (after->isOnnxOp("Gemm") || after->isOnnxOp("MatMul"))) {
@@ -363,7 +361,7 @@ std::variant<Junction, LinkProblem> concatJunction(const Node& concat, const Rul
     MatchFailure why;
     auto layer = readAffineLayer(*node, context, &why);
     if (!layer) return LinkProblem{asLayerFailure(why)};
-    const int64_t rank = isSpatial(*layer) ? static_cast<int64_t>(layer->weight->dims().size())
+    const int64_t rank = layer->isSpatial() ? static_cast<int64_t>(layer->weight->dims().size())
                                            : (layer->isGemm() ? 2 : layer->outputRank);
     if (rank < 1)
       return LinkProblem{failure(reason::kRankUnknown, "the rank of the output of '" + node->name() +
@@ -375,7 +373,7 @@ std::variant<Junction, LinkProblem> concatJunction(const Node& concat, const Rul
       return LinkProblem{failure(reason::kChannelAxisMismatch, "'" + name + "' joins axis " + std::to_string(axis) +
                                                                     ", not the channel axis of '" + node->name() +
                                                                     "' (" + node->opType() + ")")};
-    if (!junction.producers.empty() && isSpatial(*layer) != isSpatial(junction.producers.front().layer))
+    if (!junction.producers.empty() && layer->isSpatial() != junction.producers.front().layer.isSpatial())
       return LinkProblem{failure(reason::kChannelAxisMismatch,
                                   "'" + name + "' joins the outputs of spatial and non-spatial layers")};
     producer.layer = std::move(*layer);
@@ -422,6 +420,18 @@ nlohmann::json jsonNumbers(const std::vector<double>& values) {
 }
 
 // Writes the readers' new weights (and the producers', unless a chain writes them), and says what was done.
+// Divides `layer`'s output channel i by scales[i] where it lives besides the weight: the bias (the weight is written
+// by the caller), and the pre-activation statistics high-bias absorption reads.
+void divideOutputChannels(Rewriter& rewriter, const AffineLayer& layer, const std::vector<double>& scales) {
+  if (layer.biasSlot >= 0) {
+    std::vector<double> inverse(scales.size());
+    for (std::size_t i = 0; i < inverse.size(); ++i) inverse[i] = 1.0 / scales[i];
+    if (auto bias = foldedBias(layer, {inverse, std::vector<double>(inverse.size(), 0.0)}))
+      writeBias(rewriter, layer, *bias);
+  }
+  rewriter.statistics().divideChannels(*layer.node, scales);
+}
+
 void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& rewriter) {
   const auto& s = junction.scales.scales;
   if (writeProducers)
@@ -430,18 +440,8 @@ void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& re
       Value* weight = addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(), junction.producersAfter[p],
                                 scaledWeightNameHint(layer, "_equalized"));
       rewriter.setInput(layer.node, 1, weight);
-      if (layer.biasSlot >= 0) {
-        const std::size_t first = junction.producerWeights[p].first;
-        std::vector<double> inverse(static_cast<std::size_t>(layer.outputChannels));
-        for (std::size_t i = 0; i < inverse.size(); ++i) inverse[i] = 1.0 / s[first + i];
-        if (auto bias = foldedBias(layer, {inverse, std::vector<double>(inverse.size(), 0.0)}))
-          writeBias(rewriter, layer, *bias);
-      }
-      // The pre-activation statistics high-bias absorption reads follow the output channels.
-      const std::size_t first = junction.producerWeights[p].first;
-      rewriter.statistics().divideChannels(
-          *layer.node, std::vector<double>(s.begin() + static_cast<std::ptrdiff_t>(first),
-                                           s.begin() + static_cast<std::ptrdiff_t>(first) + layer.outputChannels));
+      const auto first = s.begin() + static_cast<std::ptrdiff_t>(junction.producerWeights[p].first);
+      divideOutputChannels(rewriter, layer, std::vector<double>(first, first + layer.outputChannels));
     }
   for (std::size_t r = 0; r < junction.readers.size(); ++r) {
     const AffineLayer& layer = junction.readers[r].layer;
@@ -649,18 +649,8 @@ class EqualizeLayers final : public Rule {
                                 junctionOutput ? match.after->producersAfter.front() : after[k],
                                 scaledWeightNameHint(layer, "_equalized"));
       rewriter.setInput(layer.node, 1, weight);
-      if ((scalesOutput || junctionOutput) && layer.biasSlot >= 0) {
-        const std::vector<double>& outputScales = junctionOutput ? match.after->scales.scales : applied[k];
-        std::vector<double> inverse(outputScales.size());
-        for (std::size_t i = 0; i < inverse.size(); ++i) inverse[i] = 1.0 / outputScales[i];
-        if (auto bias = foldedBias(layer, {inverse, std::vector<double>(inverse.size(), 0.0)}))
-          writeBias(rewriter, layer, *bias);
-      }
-      // The pre-activation statistics high-bias absorption reads follow the output channels.
-      if (scalesOutput)
-        rewriter.statistics().divideChannels(*layer.node, applied[k]);
-      else if (junctionOutput)
-        rewriter.statistics().divideChannels(*layer.node, match.after->scales.scales);
+      if (scalesOutput || junctionOutput)
+        divideOutputChannels(rewriter, layer, junctionOutput ? match.after->scales.scales : applied[k]);
       else
         rewriter.statistics().outputUnchanged(*layer.node);
     }
