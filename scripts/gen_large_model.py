@@ -82,14 +82,32 @@ class ExternalDataWriter:
         return self.write_chunks(name, list(array.shape), [array])
 
 
-def he_weight_chunks(rng, rows, columns, fan_in):
-    """A [rows, columns] He-initialized weight, generated a few rows at a time."""
+# Weights are cut from one pool of normals rather than drawn afresh: drawing 2 GiB of them was most of a test's
+# time. The pool's length is prime, so no row starts at the same pool offset as the row above it.
+POOL_FLOATS = 4_194_301
+
+
+class WeightPool:
+    def __init__(self, rng):
+        pool = rng.standard_normal(POOL_FLOATS, dtype=np.float32)
+        self.extended = np.concatenate([pool, pool[:CHUNK_BYTES // 4]])  # a chunk never wraps around
+        self.offset = 0
+
+    def take(self, count):
+        if count > CHUNK_BYTES // 4:
+            raise ValueError(f"a chunk of {count} floats is longer than the pool's overlap")
+        start = self.offset
+        self.offset = (self.offset + count) % POOL_FLOATS
+        return self.extended[start:start + count]
+
+
+def he_weight_chunks(pool, rows, columns, fan_in):
+    """A [rows, columns] He-initialized weight, a few rows at a time."""
     rows_per_chunk = max(1, CHUNK_BYTES // (4 * columns))
     scale = np.float32(math.sqrt(2.0 / fan_in))
     for first in range(0, rows, rows_per_chunk):
-        chunk = rng.standard_normal((min(rows_per_chunk, rows - first), columns), dtype=np.float32)
-        chunk *= scale
-        yield chunk
+        chunk_rows = min(rows_per_chunk, rows - first)
+        yield (pool.take(chunk_rows * columns) * scale).reshape(chunk_rows, columns)
 
 
 def width_for(size_bytes, layers):
@@ -100,6 +118,7 @@ def width_for(size_bytes, layers):
 
 def build(out_dir, size_gib, seed):
     rng = np.random.default_rng(seed)
+    pool = WeightPool(rng)
     width = width_for(int(size_gib * GIB), len(LAYER_KINDS))
     nodes, initializers = [], []
     writer = ExternalDataWriter(out_dir / DATA_FILE)
@@ -123,19 +142,19 @@ def build(out_dir, size_gib, seed):
             if kind == "gemm":
                 # [out, in] with transB=1, as PyTorch exports Linear.
                 initializers.append(writer.write_chunks(weight_name, [width, width],
-                                                        he_weight_chunks(rng, width, width, width)))
+                                                        he_weight_chunks(pool, width, width, width)))
                 initializers.append(writer.write_array(f"{prefix}.bias", rng.normal(0, 0.01, width).astype(np.float32)))
                 nodes.append(helper.make_node("Gemm", [x, weight_name, f"{prefix}.bias"], [f"{prefix}_out"],
                                               name=f"{prefix}/gemm", transB=1))
             elif kind == "conv":
                 initializers.append(writer.write_chunks(weight_name, [width, width, 1, 1],
-                                                        he_weight_chunks(rng, width, width, width)))
+                                                        he_weight_chunks(pool, width, width, width)))
                 nodes.append(helper.make_node("Conv", [x, weight_name], [f"{prefix}_out"], name=f"{prefix}/conv",
                                               kernel_shape=[1, 1]))
             else:
                 # MatMul weight is [in, out]; the shape is square so the He scale is the same.
                 initializers.append(writer.write_chunks(weight_name, [width, width],
-                                                        he_weight_chunks(rng, width, width, width)))
+                                                        he_weight_chunks(pool, width, width, width)))
                 nodes.append(helper.make_node("MatMul", [x, weight_name], [f"{prefix}_out"],
                                               name=f"{prefix}/matmul"))
 

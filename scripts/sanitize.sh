@@ -22,7 +22,12 @@ ort_modules="$("$root/scripts/ort/ensure_ort.sh" | tail -n 1)"
 export BNFOLD_ORT_NODE_MODULES="$ort_modules"
 
 log "building in $build_dir (clang-14, address,undefined, libFuzzer targets)"
-CC=clang-14 CXX=clang++-14 cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# An installed ccache is used as in setup.sh.
+launcher=()
+if [[ "${BNFOLD_CCACHE:-1}" != 0 && -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]] && command -v ccache >/dev/null; then
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+CC=clang-14 CXX=clang++-14 cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
     -DBNFOLD_WARNINGS_AS_ERRORS=ON -DBNFOLD_SANITIZE=address,undefined -DBNFOLD_FUZZ=ON \
     -DBNFOLD_CONFORMANCE_SAMPLE="$sample" -DBNFOLD_PYTHON=OFF >&2
 cmake --build "$build_dir" --parallel "$jobs" >&2

@@ -24,8 +24,13 @@ log "ONNX Runtime for Node.js: $ort_modules"
 log "building in $build_dir"
 # Debian's interpreter, which has python3-onnx: a python3 earlier on PATH (pyenv, conda) may not.
 python="${BNFOLD_PYTHON:-/usr/bin/python3}"
+# An installed ccache is used unless the caller chose a launcher (or BNFOLD_CCACHE=0); it is not a dependency.
+launcher=()
+if [[ "${BNFOLD_CCACHE:-1}" != 0 && -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]] && command -v ccache >/dev/null; then
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
 cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBNFOLD_WARNINGS_AS_ERRORS=ON \
-    -DPYTHON_EXECUTABLE="$python" >&2
+    -DPYTHON_EXECUTABLE="$python" "${launcher[@]}" >&2
 target_args=()
 for target in "$@"; do target_args+=(--target "$target"); done
 cmake --build "$build_dir" --parallel "$jobs" "${target_args[@]}" >&2

@@ -308,15 +308,90 @@ function describeExit(result) {
     return result.signal ? `killed by ${result.signal}` : `exited with ${result.status}`;
 }
 
-function runChecker(checker, file, timeoutSeconds) {
-    return new Promise(resolve => {
-        childProcess.execFile(checker, [file], { timeout: timeoutSeconds * 1000, maxBuffer: 16 << 20 },
-            (error, stdout, stderr) => {
-                if (!error) return resolve({ ok: true });
-                const why = error.killed ? 'timed out' : (error.code !== undefined ? `exit ${error.code}` : 'failed');
-                resolve({ ok: false, message: `${toolMessage(stderr, stdout)} (${why})` });
-            });
-    });
+/**
+ * One long-lived `bnfold_onnx_check --serve` answering a path per line: libonnx registers every op schema at
+ * start-up, which costs more than checking a small model, so one process serves the whole run. Requests are
+ * answered in order; a checker that crashes or times out fails the request it was on and is started again for the
+ * rest.
+ */
+class CheckerServer {
+    constructor(checker, timeoutSeconds) {
+        this.checker = checker;
+        this.timeoutMs = timeoutSeconds * 1000;
+        this.child = null;
+        this.queue = [];  // requests written to the current child, oldest first: { file, resolve }
+        this.buffered = '';
+        this.timer = null;
+    }
+    start() {
+        const child = childProcess.spawn(this.checker, ['--serve'], { stdio: ['pipe', 'pipe', 'inherit'] });
+        this.child = child;
+        this.buffered = '';
+        child.stdout.setEncoding('utf8');
+        child.stdout.on('data', chunk => {
+            if (child !== this.child) return;
+            this.buffered += chunk;
+            let newline;
+            while ((newline = this.buffered.indexOf('\n')) >= 0) {
+                const line = this.buffered.slice(0, newline);
+                this.buffered = this.buffered.slice(newline + 1);
+                this.answer(line);
+            }
+        });
+        child.on('exit', (code, signal) => {
+            if (child !== this.child) return;
+            this.died(signal ? `crashed (${signal})` : `exited with code ${code}`);
+        });
+        child.stdin.on('error', () => {});  // a dead child's pipe: its exit handler deals with the requests
+    }
+    /** Resolves with { ok: true } or { ok: false, message }. */
+    check(file) {
+        return new Promise(resolve => {
+            if (!this.child) this.start();
+            this.queue.push({ file, resolve });
+            this.child.stdin.write(`${file}\n`);
+            if (this.queue.length === 1) this.armTimer();
+        });
+    }
+    armTimer() {
+        clearTimeout(this.timer);
+        if (this.queue.length === 0) return;
+        this.timer = setTimeout(() => {
+            const child = this.child;
+            this.died(`timed out after ${this.timeoutMs / 1000} s`);
+            if (child) child.kill('SIGKILL');
+        }, this.timeoutMs);
+    }
+    answer(line) {
+        const request = this.queue.shift();
+        if (!request) return;
+        const space = line.indexOf(' ');
+        const verdict = space < 0 ? line : line.slice(0, space);
+        const message = space < 0 ? '' : line.slice(space + 1);
+        if (verdict === 'ok') request.resolve({ ok: true });
+        else request.resolve({ ok: false, message: `${message} (exit ${verdict === 'fail' ? 1 : 2})` });
+        this.armTimer();
+    }
+    /** The request the checker was on fails; the others go to a new checker. */
+    died(what) {
+        clearTimeout(this.timer);
+        this.child = null;
+        const [current, ...rest] = this.queue;
+        this.queue = [];
+        if (current) current.resolve({ ok: false, message: `the checker ${what} (on ${current.file})` });
+        if (rest.length === 0) return;
+        this.start();
+        for (const request of rest) {
+            this.queue.push(request);
+            this.child.stdin.write(`${request.file}\n`);
+        }
+        this.armTimer();
+    }
+    stop() {
+        clearTimeout(this.timer);
+        if (this.child) this.child.stdin.end();
+        this.child = null;
+    }
 }
 
 /** bnfold's fold of one model with one --rules value: the failures it shows before any comparison. */
@@ -348,7 +423,7 @@ function foldModel(entry, rules, options) {
 }
 
 /** Folds one model with every --rules value and judges each result. Returns one record per --rules value. */
-async function processModel(entry, options, worker) {
+async function processModel(entry, options, worker, checker) {
     const folds = options.rules.map(rules => foldModel(entry, rules, options));
     const records = folds.map(fold => ({ model: entry.id, status: 'pass', failures: fold.failures, skips: [],
         checkerSkips: [], bnfold: fold.bnfold }));
@@ -357,8 +432,8 @@ async function processModel(entry, options, worker) {
     if (compared.length === 0) return records;
 
     // b. checker on the original once and on each output, running while ORT works (c, d)
-    const checks = Promise.all([runChecker(options.checker, entry.model, options.timeout)]
-        .concat(compared.map(k => runChecker(options.checker, folds[k].outModel, options.timeout))));
+    const checks = Promise.all([checker.check(entry.model)]
+        .concat(compared.map(k => checker.check(folds[k].outModel))));
     const ort = worker.run({
         original: entry.model,
         dataSets: common.listDataSets(entry.dir),
@@ -452,11 +527,12 @@ async function runConformance(options) {
     if (models.length === 0) throw new OracleError(`conformance.js: no models under ${options.data} match '${options.filter}'`);
     fs.mkdirSync(options.out, { recursive: true });
     const worker = new OrtWorker(options.timeout);
+    const checker = new CheckerServer(options.checker, options.timeout);
     const recordsByRun = options.rules.map(() => []);
     const started = Date.now();
     try {
         for (let i = 0; i < models.length; i++) {
-            const records = await processModel(models[i], options, worker);
+            const records = await processModel(models[i], options, worker, checker);
             records.forEach((record, k) => {
                 recordsByRun[k].push(record);
                 if (options.verbose || record.status === 'fail') {
@@ -471,6 +547,7 @@ async function runConformance(options) {
         }
     } finally {
         worker.stop();
+        checker.stop();
     }
     const seconds = (Date.now() - started) / 1000;
     const runs = options.rules.map((rules, k) => ({ summary: summarize(recordsByRun[k], rules, options, seconds),
