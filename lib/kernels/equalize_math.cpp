@@ -303,6 +303,39 @@ std::vector<double> ChainNoise::perLayer(const std::vector<std::vector<double>>&
 
 namespace {
 
+// A rescaled layer's channel ranges from its pairs' maxima, multiplied as equalizedWeights multiplies the weights
+// (by the output channel's inverse, then by the input channel's scale), so that each equals the largest rescaled
+// weight to the last bit.
+std::vector<double> rescaledRanges(const ChainNoise::Model& model, std::size_t k,
+                                   const std::vector<std::vector<double>>& scales, bool byOutput) {
+  if (scales.size() + 1 != model.layers.size())
+    throw std::invalid_argument("equalize: one scale vector per link needed");
+  const LayerPairs& runs = model.pairs.at(k);
+  const bool last = k + 1 == model.layers.size();
+  const std::vector<double> outputInverse = last ? std::vector<double>() : inverse(scales[k]);
+  std::vector<double> ranges(byOutput ? runs.outChannels : runs.inChannels, 0.0);
+  for (std::size_t r = 0; r < runs.runs(); ++r) {
+    double largest = runs.largest[r];
+    if (!last) largest *= outputInverse[runs.out[r]];
+    if (k > 0) largest *= scales[k - 1][runs.in[r]];
+    double& range = ranges[byOutput ? runs.out[r] : runs.in[r]];
+    range = std::max(range, largest);
+  }
+  return ranges;
+}
+
+}  // namespace
+
+std::vector<double> ChainNoise::outputRanges(std::size_t k, const std::vector<std::vector<double>>& scales) const {
+  return rescaledRanges(*model_, k, scales, true);
+}
+
+std::vector<double> ChainNoise::inputRanges(std::size_t k, const std::vector<std::vector<double>>& scales) const {
+  return rescaledRanges(*model_, k, scales, false);
+}
+
+namespace {
+
 using NoiseModel = ChainNoise::Model;
 
 // A layer's channel ranges as a sweep rescales it. A side no link scales keeps its ranges, and the ranges of the

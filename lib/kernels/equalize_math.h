@@ -123,6 +123,11 @@ class ChainNoise {
   /// Every layer's.
   std::vector<double> perLayer(const std::vector<std::vector<double>>& scales) const;
 
+  /// Layer k's largest |w| per output (input) channel with `scales` applied, from its channel pairs' maxima: equal
+  /// to outputChannelRanges (inputChannelRanges) of equalizedWeights(layers, scales, k), without the weights.
+  std::vector<double> outputRanges(std::size_t k, const std::vector<std::vector<double>>& scales) const;
+  std::vector<double> inputRanges(std::size_t k, const std::vector<std::vector<double>>& scales) const;
+
   /// The per-layer data behind it (equalize_math.cpp), which equalizeChain sweeps on too.
   struct Model;
   const Model& model() const { return *model_; }

@@ -308,3 +308,21 @@ TEST_CASE("equalize math: the noise estimate ranks candidate scales as the exact
     }
   CHECK(compared >= 5);
 }
+
+TEST_CASE("equalize math: a chain's rescaled channel ranges equal those of the rescaled weights",
+          "[equalize][kernels]") {
+  const std::vector<ChainLayer> chain{conv(spreadWeights(6 * 3 * 4, 12, 0.2), {6, 3, 2, 2}),
+                                      conv(spreadWeights(6 * 9, 9, 0.8), {6, 1, 3, 3}, 6),
+                                      conv(spreadWeights(4 * 6 * 4, 24, 1.5), {4, 6, 2, 2})};
+  const ChainNoise noise(chain);
+  const ChainScales chosen = equalizeChain(noise, {true, true});
+  for (const auto& scales : {chosen.scales, chosen.proposed})
+    for (std::size_t k = 0; k < chain.size(); ++k) {
+      INFO("layer " << k);
+      const std::vector<double> weights = equalizedWeights(chain, scales, k);
+      // To the last bit: the pairs' maxima are multiplied in the order the weights are.
+      CHECK(noise.outputRanges(k, scales) == outputChannelRanges(chain[k].layout, weights, chain[k].dims));
+      CHECK(noise.inputRanges(k, scales) == inputChannelRanges(chain[k].layout, weights, chain[k].dims));
+    }
+  CHECK_THROWS_AS(noise.outputRanges(0, {}), std::invalid_argument);
+}
