@@ -9,6 +9,14 @@
 namespace bnfold::rules {
 namespace {
 
+// The source's bytes, which the scaling then rewrites element by element.
+void readWhole(const DeferredBytes& source, int64_t elementBytes, int64_t offset, int64_t length, char* out) {
+  if (offset % elementBytes != 0 || length % elementBytes != 0)
+    throw std::invalid_argument("scaled weight: read of bytes " + std::to_string(offset) + "+" +
+                                std::to_string(length) + " does not fall on element boundaries");
+  source.read(offset, length, out);
+}
+
 class ScaledChannelBytes final : public DeferredBytes {
  public:
   ScaledChannelBytes(std::shared_ptr<const DeferredBytes> source, DataType type, kernels::ChannelIndexing indexing,
@@ -22,10 +30,7 @@ class ScaledChannelBytes final : public DeferredBytes {
   int64_t size() const override { return source_->size(); }
 
   void read(int64_t offset, int64_t length, char* out) const override {
-    if (offset % elementBytes_ != 0 || length % elementBytes_ != 0)
-      throw std::invalid_argument("scaled weight: read of bytes " + std::to_string(offset) + "+" +
-                                  std::to_string(length) + " does not fall on element boundaries");
-    source_->read(offset, length, out);
+    readWhole(*source_, elementBytes_, offset, length, out);
     const int64_t first = offset / elementBytes_;
     const int64_t count = length / elementBytes_;
     if (indexing_.inner == 1) {
@@ -68,10 +73,7 @@ class ScaledBothSidesBytes final : public DeferredBytes {
   int64_t size() const override { return source_->size(); }
 
   void read(int64_t offset, int64_t length, char* out) const override {
-    if (offset % elementBytes_ != 0 || length % elementBytes_ != 0)
-      throw std::invalid_argument("scaled weight: read of bytes " + std::to_string(offset) + "+" +
-                                  std::to_string(length) + " does not fall on element boundaries");
-    source_->read(offset, length, out);
+    readWhole(*source_, elementBytes_, offset, length, out);
     // Each element's two factors, a block at a time.
     constexpr int64_t kBlock = 4096;
     std::vector<double> outFactor(kBlock), inFactor(kBlock);
