@@ -514,9 +514,9 @@ struct EqualizeMatch : Match {
   std::optional<LinkProblem> end;  // why the chain stops after its last layer
   std::optional<Junction> after;   // a fan-out or Flatten after the last layer
   std::optional<Junction> concat;  // a match rooted at a Concat: this junction alone
-  // The chain's output-referred int8 noise per layer (kernels::chainInt8Noise), as given and as written, and per
-  // changed link its two layers' noise with every other link as written but this one left alone: what the link
-  // had to beat. Empty for a match that is only a junction after one layer.
+  // The chain's output-referred int8 noise per layer (kernels::estimatedChainInt8Noise), as given and as written,
+  // and per changed link its two layers' noise with every other link as written but this one left alone: what the
+  // link had to beat. Empty for a match that is only a junction after one layer.
   std::vector<double> noiseBefore, noiseAfter, noiseWithoutLink;
 };
 
