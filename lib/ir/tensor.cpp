@@ -1,4 +1,5 @@
 #include "bnfold/ir/tensor.h"
+#include "ir/scale_elements.h"
 
 #include <algorithm>
 #include <charconv>
@@ -472,29 +473,30 @@ double asDouble(T value) {
   }
 }
 
-/// factor(i) gives element i's factor: a constant or an array read.
-template <typename T, typename Factor, typename Round>
-void scaleTyped(char* bytes, int64_t count, Factor factor, Round round) {
+/// scale(i, v) gives element i's value v scaled, in double.
+template <typename T, typename Scale, typename Round>
+void scaleTyped(char* bytes, int64_t count, Scale scale, Round round) {
   for (int64_t i = 0; i < count; ++i) {
     T value;
     std::memcpy(&value, bytes + i * sizeof(T), sizeof(T));
-    const T scaled = round(asDouble(value) * factor(i));
+    const T scaled = round(scale(i, asDouble(value)));
     std::memcpy(bytes + i * sizeof(T), &scaled, sizeof(T));
   }
 }
 
-template <typename Factor>
-void scaleElements(DataType type, char* bytes, int64_t count, Factor factor) {
+template <typename Scale>
+void scaleElements(DataType type, char* bytes, int64_t count, Scale scale) {
   switch (type) {
     case DataType::Float:
-      scaleTyped<float>(bytes, count, factor, [](double v) { return static_cast<float>(v); });
+      scaleTyped<float>(bytes, count, scale, [](double v) { return static_cast<float>(v); });
       break;
-    case DataType::Double: scaleTyped<double>(bytes, count, factor, [](double v) { return v; }); break;
+    case DataType::Double: scaleTyped<double>(bytes, count, scale, [](double v) { return v; }); break;
     case DataType::Float16:
-      scaleTyped<Eigen::half>(bytes, count, factor, [](double v) { return Eigen::half(roundToOddFloat(v)); });
+      scaleTyped<Eigen::half>(bytes, count, scale,
+                              [](double v) { return Eigen::half(roundToOddFloat(v)); });
       break;
     case DataType::BFloat16:
-      scaleTyped<Eigen::bfloat16>(bytes, count, factor,
+      scaleTyped<Eigen::bfloat16>(bytes, count, scale,
                                   [](double v) { return Eigen::bfloat16(roundToOddFloat(v)); });
       break;
     default:
@@ -504,11 +506,15 @@ void scaleElements(DataType type, char* bytes, int64_t count, Factor factor) {
 }  // namespace
 
 void scaleElementsInPlace(DataType type, char* bytes, int64_t count, double factor) {
-  scaleElements(type, bytes, count, [factor](int64_t) { return factor; });
+  scaleElements(type, bytes, count, [factor](int64_t, double v) { return v * factor; });
 }
 
 void scaleElementsInPlace(DataType type, char* bytes, int64_t count, const double* factors) {
-  scaleElements(type, bytes, count, [factors](int64_t i) { return factors[i]; });
+  scaleElements(type, bytes, count, [factors](int64_t i, double v) { return v * factors[i]; });
+}
+
+void scaleElementsInPlace(DataType type, char* bytes, int64_t count, const double* first, const double* second) {
+  scaleElements(type, bytes, count, [first, second](int64_t i, double v) { return v * first[i] * second[i]; });
 }
 
 Tensor Tensor::fromDoubles(std::string name, DataType type, std::vector<int64_t> dims,

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -57,13 +58,13 @@ std::vector<double> pairScales(const std::vector<double>& r1, const std::vector<
 }
 
 // A layer's weight elements in runs that share one output and one input channel, in element order, with the
-// largest |w| of each run. A positive per-channel factor keeps a run's largest element its largest, and rounding
-// is monotone, so the largest of the rescaled weights is exactly the rescaled largest: the ranges of a rescaled
-// layer come from its runs without touching every weight.
+// largest |w| and the sum of squares of each run. A positive per-channel factor keeps a run's largest element its
+// largest, and rounding is monotone, so the largest of the rescaled weights is exactly the rescaled largest: the
+// ranges of a rescaled layer come from its runs without touching every weight.
 struct LayerPairs {
   std::vector<std::int64_t> start;  // one per run, and the element count last
   std::vector<std::size_t> out, in;
-  std::vector<double> largest;
+  std::vector<double> largest, squares;
   std::size_t outChannels = 0, inChannels = 0;
 
   std::size_t runs() const { return out.size(); }
@@ -92,26 +93,58 @@ LayerPairs layerPairs(const ChainLayer& layer) {
   const auto count = static_cast<std::int64_t>(layer.weights.size());
   forEachChannelRun(*outIndexing, 0, count, [&](std::int64_t offset, std::int64_t length, std::int64_t out) {
     forEachChannelRun(*inIndexing, offset, length, [&](std::int64_t inner, std::int64_t innerLength, std::int64_t in) {
-      double largest = 0.0;
-      for (std::int64_t e = offset + inner; e < offset + inner + innerLength; ++e)
-        largest = std::max(largest, std::abs(layer.weights[static_cast<std::size_t>(e)]));
+      double largest = 0.0, squares = 0.0;
+      for (std::int64_t e = offset + inner; e < offset + inner + innerLength; ++e) {
+        const double w = layer.weights[static_cast<std::size_t>(e)];
+        largest = std::max(largest, std::abs(w));
+        squares += w * w;
+      }
       pairs.start.push_back(offset + inner);
       pairs.out.push_back(static_cast<std::size_t>(out));
       pairs.in.push_back(static_cast<std::size_t>(in));
       pairs.largest.push_back(largest);
+      pairs.squares.push_back(squares);
     });
   });
   pairs.start.push_back(count);
   return pairs;
 }
 
+// The squared int8 rounding error of a group of `count` weights with the given largest magnitude and sum of
+// squares, for a given half step (in the group's coordinates): all of them round to zero and cost their squares
+// when the largest lies below it; otherwise each costs the smaller of its square and step^2 / 12 = halfStep^2 / 3,
+// the uniform rounding error, summed here as the smaller of the sums (the weights are not seen one by one).
+inline double groupRoundingNoise(double largest, double count, double squares, double halfStep) {
+  if (largest < halfStep) return squares;
+  return std::min(squares, count * halfStep * halfStep / 3.0);
+}
+
+// The weights of a chain's first layer are never scaled on their input side, nor the last layer's on their
+// output side: the estimate sums those per output (input) channel, a group every candidate scales by one factor.
+struct ChannelGroups {
+  std::vector<double> largest, count, squares;
+
+  ChannelGroups(const LayerPairs& pairs, bool byOutput) {
+    const std::vector<std::size_t>& channelOf = byOutput ? pairs.out : pairs.in;
+    const std::size_t channels = byOutput ? pairs.outChannels : pairs.inChannels;
+    largest.assign(channels, 0.0);
+    count.assign(channels, 0.0);
+    squares.assign(channels, 0.0);
+    for (std::size_t r = 0; r < pairs.runs(); ++r) {
+      const std::size_t c = channelOf[r];
+      largest[c] = std::max(largest[c], pairs.largest[r]);
+      count[c] += static_cast<double>(pairs.start[r + 1] - pairs.start[r]);
+      squares[c] += pairs.squares[r];
+    }
+  }
+};
 
 }  // namespace
 
 // The data-free noise model of chainInt8Noise: per layer, the power of each input channel and the gain of each
 // output channel to the chain's output, in the coordinates of the weights as given.
 struct ChainNoise::Model {
-  explicit Model(const std::vector<ChainLayer>& chain) : layers(chain) {
+  Model(const std::vector<ChainLayer>& chain, NoiseMeasure noiseMeasure) : layers(chain), measure(noiseMeasure) {
     if (layers.empty()) throw std::invalid_argument("equalize: a chain needs a layer");
     for (const ChainLayer& layer : layers) pairs.push_back(layerPairs(layer));
     for (std::size_t k = 0; k + 1 < layers.size(); ++k)
@@ -122,7 +155,7 @@ struct ChainNoise::Model {
     remembered.resize(layers.size());
   }
 
-  // The powers, gains and signal; only the noise needs them, not the sweep.
+  // The powers, gains and signal (from each channel pair's sum of squares); only the noise needs them.
   void propagate() const {
     if (propagated) return;
     propagated = true;
@@ -130,8 +163,9 @@ struct ChainNoise::Model {
     power.resize(n);
     power[0].assign(pairs[0].inChannels, 1.0);
     for (std::size_t k = 0; k < n; ++k) {
-      std::vector<double> out(pairs[k].outChannels, 0.0);
-      forEachElement(k, [&](std::size_t o, std::size_t i, double w) { out[o] += w * w * power[k][i]; });
+      const LayerPairs& runs = pairs[k];
+      std::vector<double> out(runs.outChannels, 0.0);
+      for (std::size_t r = 0; r < runs.runs(); ++r) out[runs.out[r]] += runs.squares[r] * power[k][runs.in[r]];
       if (k + 1 < n)
         power[k + 1] = std::move(out);
       else
@@ -140,18 +174,14 @@ struct ChainNoise::Model {
     gain.resize(n);
     gain[n - 1].assign(pairs[n - 1].outChannels, 1.0);
     for (std::size_t k = n - 1; k > 0; --k) {
+      const LayerPairs& runs = pairs[k];
       gain[k - 1].assign(power[k].size(), 0.0);
-      forEachElement(k, [&](std::size_t o, std::size_t i, double w) { gain[k - 1][i] += w * w * gain[k][o]; });
+      for (std::size_t r = 0; r < runs.runs(); ++r) gain[k - 1][runs.in[r]] += runs.squares[r] * gain[k][runs.out[r]];
     }
-  }
-
-  template <typename Visit>
-  void forEachElement(std::size_t k, Visit&& visit) const {
-    const LayerPairs& runs = pairs[k];
-    const std::vector<double>& weights = layers[k].weights;
-    for (std::size_t r = 0; r < runs.runs(); ++r)
-      for (auto e = static_cast<std::size_t>(runs.start[r]); e < static_cast<std::size_t>(runs.start[r + 1]); ++e)
-        visit(runs.out[r], runs.in[r], weights[e]);
+    if (measure == NoiseMeasure::Estimated) {
+      firstByOutput.emplace(pairs.front(), true);
+      lastByInput.emplace(pairs.back(), false);
+    }
   }
 
   // Layer k's noise with its output channels divided by `outScale` and input channels multiplied by `inScale`
@@ -162,21 +192,24 @@ struct ChainNoise::Model {
     const std::vector<double>& out = outScale ? *outScale : kNone;
     for (const Remembered& entry : remembered[k])
       if (entry.in == in && entry.out == out) return entry.noise;
-    const double noise = computeLayerNoise(k, inScale, outScale);
+    propagate();
+    const double noise = signal > 0.0 ? (measure == NoiseMeasure::Exact ? exactLayerNoise(k, inScale, outScale)
+                                                                        : estimatedLayerNoise(k, inScale, outScale)) /
+                                            signal
+                                      : 0.0;
     remembered[k].push_back({in, out, noise});
     return noise;
   }
 
-  double computeLayerNoise(std::size_t k, const std::vector<double>* inScale,
-                           const std::vector<double>* outScale) const {
-    propagate();
+  // Every weight rounded as the definition says.
+  double exactLayerNoise(std::size_t k, const std::vector<double>* inScale, const std::vector<double>* outScale) const {
     const LayerPairs& runs = pairs[k];
     auto factor = [&](std::size_t r) {
       return (inScale ? (*inScale)[runs.in[r]] : 1.0) / (outScale ? (*outScale)[runs.out[r]] : 1.0);
     };
     double largest = 0.0;
     for (std::size_t r = 0; r < runs.runs(); ++r) largest = std::max(largest, std::abs(runs.largest[r] * factor(r)));
-    if (largest == 0.0 || !std::isfinite(largest) || !(signal > 0.0)) return 0.0;
+    if (largest == 0.0 || !std::isfinite(largest)) return 0.0;
     const double step = largest / 127.0;
     const std::vector<double>& weights = layers[k].weights;
     double noise = 0.0;
@@ -192,7 +225,45 @@ struct ChainNoise::Model {
         noise += error * error * g * p;
       }
     }
-    return noise / signal;
+    return noise;
+  }
+
+  // The same estimated per group of weights that share one factor (groupRoundingNoise): per channel pair, per
+  // output channel of the first layer (whose input channels all have unit power), per input channel of the last
+  // (whose output channels all have unit gain). In the given coordinates a group scaled by f has the half step
+  // largest / (254 f).
+  double estimatedLayerNoise(std::size_t k, const std::vector<double>* inScale,
+                             const std::vector<double>* outScale) const {
+    if (k == 0 || k + 1 == layers.size()) {
+      const bool first = k == 0;
+      const ChannelGroups& groups = first ? *firstByOutput : *lastByInput;
+      const std::vector<double>* scale = first ? outScale : inScale;
+      const std::vector<double>& weight = first ? gain[k] : power[k];
+      auto factor = [&](std::size_t c) { return scale ? (first ? 1.0 / (*scale)[c] : (*scale)[c]) : 1.0; };
+      double largest = 0.0;
+      for (std::size_t c = 0; c < groups.largest.size(); ++c) largest = std::max(largest, groups.largest[c] * factor(c));
+      if (largest == 0.0 || !std::isfinite(largest)) return 0.0;
+      const double halfStep = largest / 254.0;
+      double noise = 0.0;
+      for (std::size_t c = 0; c < groups.largest.size(); ++c)
+        noise += weight[c] * groupRoundingNoise(groups.largest[c], groups.count[c], groups.squares[c],
+                                                halfStep / factor(c));
+      return noise;
+    }
+    const LayerPairs& runs = pairs[k];
+    auto factor = [&](std::size_t r) {
+      return (inScale ? (*inScale)[runs.in[r]] : 1.0) / (outScale ? (*outScale)[runs.out[r]] : 1.0);
+    };
+    double largest = 0.0;
+    for (std::size_t r = 0; r < runs.runs(); ++r) largest = std::max(largest, runs.largest[r] * factor(r));
+    if (largest == 0.0 || !std::isfinite(largest)) return 0.0;
+    const double halfStep = largest / 254.0;
+    double noise = 0.0;
+    for (std::size_t r = 0; r < runs.runs(); ++r)
+      noise += gain[k][runs.out[r]] * power[k][runs.in[r]] *
+               groupRoundingNoise(runs.largest[r], static_cast<double>(runs.start[r + 1] - runs.start[r]),
+                                  runs.squares[r], halfStep / factor(r));
+    return noise;
   }
 
   double layerNoise(std::size_t k, const std::vector<std::vector<double>>& scales) const {
@@ -205,14 +276,17 @@ struct ChainNoise::Model {
   };
 
   const std::vector<ChainLayer>& layers;
+  NoiseMeasure measure;
   std::vector<LayerPairs> pairs;
   mutable bool propagated = false;
   mutable std::vector<std::vector<double>> power, gain;
+  mutable std::optional<ChannelGroups> firstByOutput, lastByInput;
   mutable double signal = 0.0;
   mutable std::vector<std::vector<Remembered>> remembered;
 };
 
-ChainNoise::ChainNoise(const std::vector<ChainLayer>& layers) : model_(std::make_unique<Model>(layers)) {}
+ChainNoise::ChainNoise(const std::vector<ChainLayer>& layers, NoiseMeasure measure)
+    : model_(std::make_unique<Model>(layers, measure)) {}
 ChainNoise::~ChainNoise() = default;
 
 double ChainNoise::layer(std::size_t k, const std::vector<std::vector<double>>& scales) const {
@@ -225,6 +299,39 @@ std::vector<double> ChainNoise::perLayer(const std::vector<std::vector<double>>&
   std::vector<double> noise;
   for (std::size_t k = 0; k < model_->layers.size(); ++k) noise.push_back(layer(k, scales));
   return noise;
+}
+
+namespace {
+
+// A rescaled layer's channel ranges from its pairs' maxima, multiplied as equalizedWeights multiplies the weights
+// (by the output channel's inverse, then by the input channel's scale), so that each equals the largest rescaled
+// weight to the last bit.
+std::vector<double> rescaledRanges(const ChainNoise::Model& model, std::size_t k,
+                                   const std::vector<std::vector<double>>& scales, bool byOutput) {
+  if (scales.size() + 1 != model.layers.size())
+    throw std::invalid_argument("equalize: one scale vector per link needed");
+  const LayerPairs& runs = model.pairs.at(k);
+  const bool last = k + 1 == model.layers.size();
+  const std::vector<double> outputInverse = last ? std::vector<double>() : inverse(scales[k]);
+  std::vector<double> ranges(byOutput ? runs.outChannels : runs.inChannels, 0.0);
+  for (std::size_t r = 0; r < runs.runs(); ++r) {
+    double largest = runs.largest[r];
+    if (!last) largest *= outputInverse[runs.out[r]];
+    if (k > 0) largest *= scales[k - 1][runs.in[r]];
+    double& range = ranges[byOutput ? runs.out[r] : runs.in[r]];
+    range = std::max(range, largest);
+  }
+  return ranges;
+}
+
+}  // namespace
+
+std::vector<double> ChainNoise::outputRanges(std::size_t k, const std::vector<std::vector<double>>& scales) const {
+  return rescaledRanges(*model_, k, scales, true);
+}
+
+std::vector<double> ChainNoise::inputRanges(std::size_t k, const std::vector<std::vector<double>>& scales) const {
+  return rescaledRanges(*model_, k, scales, false);
 }
 
 namespace {
@@ -488,14 +595,19 @@ std::vector<double> equalizedWeights(const std::vector<ChainLayer>& layers,
 
 std::vector<double> chainInt8Noise(const std::vector<ChainLayer>& layers,
                                    const std::vector<std::vector<double>>& scales) {
-  return ChainNoise(layers).perLayer(scales);
+  return ChainNoise(layers, NoiseMeasure::Exact).perLayer(scales);
+}
+
+std::vector<double> estimatedChainInt8Noise(const std::vector<ChainLayer>& layers,
+                                            const std::vector<std::vector<double>>& scales) {
+  return ChainNoise(layers, NoiseMeasure::Estimated).perLayer(scales);
 }
 
 ChainScales equalizeChain(const std::vector<ChainLayer>& layers, const std::vector<bool>& candidate,
                           const EqualizeSettings& settings) {
   if (layers.size() < 2 || candidate.size() != layers.size() - 1)
     throw std::invalid_argument("equalizeChain: a chain needs two layers or more and one flag per link");
-  return equalizeChain(ChainNoise(layers), candidate, settings);
+  return equalizeChain(ChainNoise(layers, settings.noise), candidate, settings);
 }
 
 ChainScales equalizeChain(const ChainNoise& noise, const std::vector<bool>& candidate,

@@ -41,6 +41,12 @@ struct ChainLayer {
   Dims dims;
 };
 
+/// How a chain's noise is measured for choosing its scales.
+enum class NoiseMeasure {
+  Exact,      ///< chainInt8Noise: every weight rounded (a reference, for tests)
+  Estimated,  ///< estimatedChainInt8Noise: from per-group summaries, one term per group of weights
+};
+
 struct EqualizeSettings {
   /// Sweeps stop once no scale of a sweep moves by more than this in |log s|.
   double tolerance = 1e-7;
@@ -52,6 +58,7 @@ struct EqualizeSettings {
   /// A chain is rescaled only when that lowers its noise by this share or more (less is not worth rewriting a model
   /// for, and a run on its own output mostly finds less).
   double minimumNoiseReduction = 0.05;
+  NoiseMeasure noise = NoiseMeasure::Estimated;
 };
 
 /// Where a chain's scales come from (before the per-link power of ChainScales::power).
@@ -92,21 +99,34 @@ struct ChainScales {
 std::vector<double> chainInt8Noise(const std::vector<ChainLayer>& layers,
                                    const std::vector<std::vector<double>>& scales);
 
-/// chainInt8Noise's model of one chain, built once from its weights: each layer's noise under given scales is
-/// computed once per distinct (layer, scales) and remembered, since choosing the scales and reporting them ask for
-/// the same ones again. Keeps a reference to `layers`, which must outlive it. Throws std::invalid_argument as
-/// chainInt8Noise does.
+/// chainInt8Noise estimated without rounding each weight (docs/quantization.md, "The noise estimate"): a weight
+/// below half a step rounds to zero and costs its square, a larger one step^2 / 12 (a uniform rounding error).
+/// Which weights lie below is read from a summary built once per layer: per group of weights every candidate scales
+/// by one factor (a channel pair; an output channel of the chain's first layer, an input channel of its last), the
+/// largest |w| and the count and sum of squares per octave of |w| below it. A candidate costs one term per group.
+std::vector<double> estimatedChainInt8Noise(const std::vector<ChainLayer>& layers,
+                                            const std::vector<std::vector<double>>& scales);
+
+/// A chain's noise model (chainInt8Noise or its estimate), built once from its weights: each layer's noise under
+/// given scales is computed once per distinct (layer, scales) and remembered, since choosing the scales and
+/// reporting them ask for the same ones again. Keeps a reference to `layers`, which must outlive it. Throws
+/// std::invalid_argument as chainInt8Noise does.
 class ChainNoise {
  public:
-  explicit ChainNoise(const std::vector<ChainLayer>& layers);
+  explicit ChainNoise(const std::vector<ChainLayer>& layers, NoiseMeasure measure = NoiseMeasure::Estimated);
   ~ChainNoise();
   ChainNoise(const ChainNoise&) = delete;
   ChainNoise& operator=(const ChainNoise&) = delete;
 
-  /// Layer k's noise with `scales` (one vector per link) applied: chainInt8Noise(layers, scales)[k].
+  /// Layer k's noise with `scales` (one vector per link) applied: chainInt8Noise(layers, scales)[k] or its estimate.
   double layer(std::size_t k, const std::vector<std::vector<double>>& scales) const;
-  /// chainInt8Noise(layers, scales).
+  /// Every layer's.
   std::vector<double> perLayer(const std::vector<std::vector<double>>& scales) const;
+
+  /// Layer k's largest |w| per output (input) channel with `scales` applied, from its channel pairs' maxima: equal
+  /// to outputChannelRanges (inputChannelRanges) of equalizedWeights(layers, scales, k), without the weights.
+  std::vector<double> outputRanges(std::size_t k, const std::vector<std::vector<double>>& scales) const;
+  std::vector<double> inputRanges(std::size_t k, const std::vector<std::vector<double>>& scales) const;
 
   /// The per-layer data behind it (equalize_math.cpp), which equalizeChain sweeps on too.
   struct Model;

@@ -41,6 +41,7 @@
 #include "layout_path.h"
 #include "rewrite/understood_ops.h"
 #include "rules.h"
+#include "scaled_weight.h"
 
 namespace bnfold::rules {
 namespace {
@@ -419,13 +420,18 @@ nlohmann::json jsonNumbers(const std::vector<double>& values) {
   return out;
 }
 
+std::vector<double> inverseOf(const std::vector<double>& scales) {
+  std::vector<double> inverse(scales.size());
+  for (std::size_t i = 0; i < inverse.size(); ++i) inverse[i] = 1.0 / scales[i];
+  return inverse;
+}
+
 // Writes the readers' new weights (and the producers', unless a chain writes them), and says what was done.
 // Divides `layer`'s output channel i by scales[i] where it lives besides the weight: the bias (the weight is written
 // by the caller), and the pre-activation statistics high-bias absorption reads.
 void divideOutputChannels(Rewriter& rewriter, const AffineLayer& layer, const std::vector<double>& scales) {
   if (layer.biasSlot >= 0) {
-    std::vector<double> inverse(scales.size());
-    for (std::size_t i = 0; i < inverse.size(); ++i) inverse[i] = 1.0 / scales[i];
+    const std::vector<double> inverse = inverseOf(scales);
     if (auto bias = foldedBias(layer, {inverse, std::vector<double>(inverse.size(), 0.0)}))
       writeBias(rewriter, layer, *bias);
   }
@@ -502,14 +508,15 @@ struct EqualizeMatch : Match {
   std::vector<AffineLayer> layers;
   std::vector<const Node*> activations;  // per link
   std::vector<kernels::ChainLayer> weights;
+  std::unique_ptr<kernels::ChainNoise> noise;  // of `weights`
   kernels::ChainScales scales;
   std::vector<bool> changed;       // per link: kept and not trivial
   std::optional<LinkProblem> end;  // why the chain stops after its last layer
   std::optional<Junction> after;   // a fan-out or Flatten after the last layer
   std::optional<Junction> concat;  // a match rooted at a Concat: this junction alone
-  // The chain's output-referred int8 noise per layer (kernels::chainInt8Noise), as given and as written, and per
-  // changed link its two layers' noise with every other link as written but this one left alone: what the link
-  // had to beat. Empty for a match that is only a junction after one layer.
+  // The chain's output-referred int8 noise per layer (kernels::estimatedChainInt8Noise), as given and as written,
+  // and per changed link its two layers' noise with every other link as written but this one left alone: what the
+  // link had to beat. Empty for a match that is only a junction after one layer.
   std::vector<double> noiseBefore, noiseAfter, noiseWithoutLink;
 };
 
@@ -519,6 +526,28 @@ std::vector<std::vector<double>> appliedScales(const EqualizeMatch& match) {
   for (std::size_t k = 0; k < applied.size(); ++k)
     if (!match.changed[k]) std::fill(applied[k].begin(), applied[k].end(), 1.0);
   return applied;
+}
+
+std::vector<std::vector<double>> identityScales(const std::vector<std::vector<double>>& scales) {
+  std::vector<std::vector<double>> identity;
+  for (const auto& scale : scales) identity.emplace_back(scale.size(), 1.0);
+  return identity;
+}
+
+// Layer k of the chain as written, computed when its bytes are read (as kernels::equalizedWeights computes it):
+// output channels divided by the link after it, input channels multiplied by the link before.
+std::shared_ptr<const DeferredBytes> equalizedBytes(const AffineLayer& layer,
+                                                    const std::vector<std::vector<double>>& applied, std::size_t k) {
+  const auto dims = layer.weight->dims();
+  // readAffineLayer checked that the dims fit the layout.
+  const auto outputIndexing = *kernels::outputChannelIndexing(layer.layout, dims);
+  const auto inputIndexing = *kernels::inputChannelIndexing(layer.layout, dims);
+  const bool last = k == applied.size();
+  if (k == 0)
+    return scaledChannelBytes(layer.weight->byteSource(), layer.type(), outputIndexing, inverseOf(applied[k]));
+  if (last) return scaledChannelBytes(layer.weight->byteSource(), layer.type(), inputIndexing, applied[k - 1]);
+  return scaledBothSidesBytes(layer.weight->byteSource(), layer.type(), outputIndexing, inverseOf(applied[k]),
+                              inputIndexing, applied[k - 1]);
 }
 
 class EqualizeLayers final : public Rule {
@@ -575,7 +604,7 @@ class EqualizeLayers final : public Rule {
 
     const std::size_t links = match->activations.size();
     std::string refused;
-    std::unique_ptr<kernels::ChainNoise> noise;
+    std::unique_ptr<kernels::ChainNoise>& noise = match->noise;
     if (links > 0) {
       for (const AffineLayer& layer : match->layers)
         match->weights.push_back({layer.layout, layer.weight->toDoubles(), layer.weight->dims()});
@@ -612,9 +641,7 @@ class EqualizeLayers final : public Rule {
     if (noise) {
       // The report's numbers, mostly remembered by `noise` from choosing the scales.
       const std::vector<std::vector<double>> applied = appliedScales(*match);
-      std::vector<std::vector<double>> identityScales;
-      for (const auto& scale : applied) identityScales.emplace_back(scale.size(), 1.0);
-      match->noiseBefore = noise->perLayer(identityScales);
+      match->noiseBefore = noise->perLayer(identityScales(applied));
       match->noiseAfter = noise->perLayer(applied);
       match->noiseWithoutLink.assign(links, 0.0);
       for (std::size_t k = 0; k < links; ++k) {
@@ -636,7 +663,6 @@ class EqualizeLayers final : public Rule {
     const std::size_t links = match.activations.size();
     const std::vector<std::vector<double>> applied = appliedScales(match);
     const bool junctionChanged = match.after && match.after->changed;
-    std::vector<std::vector<double>> after(match.layers.size());
     for (std::size_t k = 0; k < match.layers.size(); ++k) {
       const bool scalesOutput = k < links && match.changed[k];
       const bool scalesInput = k > 0 && match.changed[k - 1];
@@ -644,10 +670,13 @@ class EqualizeLayers final : public Rule {
       const bool junctionOutput = k == links && junctionChanged;
       if (!scalesOutput && !scalesInput && !junctionOutput) continue;
       const AffineLayer& layer = match.layers[k];
-      if (scalesOutput || scalesInput) after[k] = kernels::equalizedWeights(match.weights, applied, k);
-      Value* weight = addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(),
-                                junctionOutput ? match.after->producersAfter.front() : after[k],
-                                scaledWeightNameHint(layer, "_equalized"));
+      Value* weight = junctionOutput ? addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(),
+                                                 match.after->producersAfter.front(),
+                                                 scaledWeightNameHint(layer, "_equalized"))
+                                     : rewriter.addInitializer(*layer.node->graph(),
+                                                               Tensor::deferred("", layer.type(), layer.weight->dims(),
+                                                                                equalizedBytes(layer, applied, k)),
+                                                               scaledWeightNameHint(layer, "_equalized"));
       rewriter.setInput(layer.node, 1, weight);
       if (scalesOutput || junctionOutput)
         divideOutputChannels(rewriter, layer, junctionOutput ? match.after->scales.scales : applied[k]);
@@ -676,10 +705,8 @@ class EqualizeLayers final : public Rule {
                                           {"scales", jsonNumbers(match.scales.proposed[k])}});
         continue;
       }
-      const auto& w1 = match.weights[k];
-      const auto& w2 = match.weights[k + 1];
-      const auto& w1After = after[k];
-      const auto& w2After = after[k + 1];
+      const kernels::ChainNoise& noise = *match.noise;
+      const std::vector<std::vector<double>> identity = identityScales(applied);
       const nlohmann::json activation =
           match.activations[k] ? nlohmann::json(match.activations[k]->opType()) : nlohmann::json(nullptr);
       rewriter.record("equalized",
@@ -690,11 +717,11 @@ class EqualizeLayers final : public Rule {
                        {"activation", activation},
                        {"scales", jsonNumbers(applied[k])},
                        {"ranges_before",
-                        {{"layer1_output", jsonNumbers(kernels::outputChannelRanges(w1.layout, w1.weights, w1.dims))},
-                         {"layer2_input", jsonNumbers(kernels::inputChannelRanges(w2.layout, w2.weights, w2.dims))}}},
+                        {{"layer1_output", jsonNumbers(noise.outputRanges(k, identity))},
+                         {"layer2_input", jsonNumbers(noise.inputRanges(k + 1, identity))}}},
                        {"ranges_after",
-                        {{"layer1_output", jsonNumbers(kernels::outputChannelRanges(w1.layout, w1After, w1.dims))},
-                         {"layer2_input", jsonNumbers(kernels::inputChannelRanges(w2.layout, w2After, w2.dims))}}},
+                        {{"layer1_output", jsonNumbers(noise.outputRanges(k, applied))},
+                         {"layer2_input", jsonNumbers(noise.inputRanges(k + 1, applied))}}},
                        {"scale_method",
                         match.scales.method == kernels::ScaleMethod::Sweep ? "sweep" : "aimet-one-pass"},
                        {"scale_power", match.scales.power[k]},

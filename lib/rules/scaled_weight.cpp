@@ -4,8 +4,18 @@
 #include <stdexcept>
 #include <string>
 
+#include "ir/scale_elements.h"
+
 namespace bnfold::rules {
 namespace {
+
+// The source's bytes, which the scaling then rewrites element by element.
+void readWhole(const DeferredBytes& source, int64_t elementBytes, int64_t offset, int64_t length, char* out) {
+  if (offset % elementBytes != 0 || length % elementBytes != 0)
+    throw std::invalid_argument("scaled weight: read of bytes " + std::to_string(offset) + "+" +
+                                std::to_string(length) + " does not fall on element boundaries");
+  source.read(offset, length, out);
+}
 
 class ScaledChannelBytes final : public DeferredBytes {
  public:
@@ -20,10 +30,7 @@ class ScaledChannelBytes final : public DeferredBytes {
   int64_t size() const override { return source_->size(); }
 
   void read(int64_t offset, int64_t length, char* out) const override {
-    if (offset % elementBytes_ != 0 || length % elementBytes_ != 0)
-      throw std::invalid_argument("scaled weight: read of bytes " + std::to_string(offset) + "+" +
-                                  std::to_string(length) + " does not fall on element boundaries");
-    source_->read(offset, length, out);
+    readWhole(*source_, elementBytes_, offset, length, out);
     const int64_t first = offset / elementBytes_;
     const int64_t count = length / elementBytes_;
     if (indexing_.inner == 1) {
@@ -51,7 +58,57 @@ class ScaledChannelBytes final : public DeferredBytes {
   std::vector<double> scale_;
 };
 
+class ScaledBothSidesBytes final : public DeferredBytes {
+ public:
+  ScaledBothSidesBytes(std::shared_ptr<const DeferredBytes> source, DataType type, kernels::ChannelIndexing outIndexing,
+                       std::vector<double> outFactors, kernels::ChannelIndexing inIndexing, std::vector<double> inFactors)
+      : source_(std::move(source)),
+        type_(type),
+        elementBytes_(static_cast<int64_t>(elementSize(type))),
+        outIndexing_(outIndexing),
+        inIndexing_(inIndexing),
+        outFactors_(std::move(outFactors)),
+        inFactors_(std::move(inFactors)) {}
+
+  int64_t size() const override { return source_->size(); }
+
+  void read(int64_t offset, int64_t length, char* out) const override {
+    readWhole(*source_, elementBytes_, offset, length, out);
+    // Each element's two factors, a block at a time.
+    constexpr int64_t kBlock = 4096;
+    std::vector<double> outFactor(kBlock), inFactor(kBlock);
+    const int64_t first = offset / elementBytes_;
+    const int64_t count = length / elementBytes_;
+    for (int64_t done = 0; done < count; done += kBlock) {
+      const int64_t block = std::min(kBlock, count - done);
+      kernels::forEachChannelRun(outIndexing_, first + done, block, [&](int64_t at, int64_t run, int64_t channel) {
+        std::fill_n(outFactor.begin() + at, run, outFactors_[static_cast<std::size_t>(channel)]);
+      });
+      kernels::forEachChannelRun(inIndexing_, first + done, block, [&](int64_t at, int64_t run, int64_t channel) {
+        std::fill_n(inFactor.begin() + at, run, inFactors_[static_cast<std::size_t>(channel)]);
+      });
+      scaleElementsInPlace(type_, out + done * elementBytes_, block, outFactor.data(), inFactor.data());
+    }
+  }
+
+ private:
+  std::shared_ptr<const DeferredBytes> source_;
+  DataType type_;
+  int64_t elementBytes_;
+  kernels::ChannelIndexing outIndexing_, inIndexing_;
+  std::vector<double> outFactors_, inFactors_;
+};
+
 }  // namespace
+
+std::shared_ptr<const DeferredBytes> scaledBothSidesBytes(std::shared_ptr<const DeferredBytes> source, DataType type,
+                                                          kernels::ChannelIndexing outputIndexing,
+                                                          std::vector<double> outputFactors,
+                                                          kernels::ChannelIndexing inputIndexing,
+                                                          std::vector<double> inputFactors) {
+  return std::make_shared<ScaledBothSidesBytes>(std::move(source), type, outputIndexing, std::move(outputFactors),
+                                                inputIndexing, std::move(inputFactors));
+}
 
 std::shared_ptr<const DeferredBytes> scaledChannelBytes(std::shared_ptr<const DeferredBytes> source, DataType type,
                                                         kernels::ChannelIndexing indexing,

@@ -17,4 +17,12 @@ std::shared_ptr<const DeferredBytes> scaledChannelBytes(std::shared_ptr<const De
                                                         kernels::ChannelIndexing indexing,
                                                         std::vector<double> scale);
 
+/// Bytes of `source` with every element multiplied by the factor of its output channel and then by that of its
+/// input channel, in double, rounded once to `type` (kernels::scaleOutputChannels, then scaleInputChannels).
+std::shared_ptr<const DeferredBytes> scaledBothSidesBytes(std::shared_ptr<const DeferredBytes> source, DataType type,
+                                                          kernels::ChannelIndexing outputIndexing,
+                                                          std::vector<double> outputFactors,
+                                                          kernels::ChannelIndexing inputIndexing,
+                                                          std::vector<double> inputFactors);
+
 }  // namespace bnfold::rules

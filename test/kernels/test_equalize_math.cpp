@@ -84,9 +84,12 @@ TEST_CASE("equalize math: a triple converges to AIMET's closed form", "[equalize
 }
 
 TEST_CASE("equalize math: a link that would raise the int8 error is left alone", "[equalize][kernels]") {
-  // Both weights lie on their int8 grids already; the scales (1, 1/sqrt(127)) would move them off.
+  // Both weights lie on their int8 grids already; the scales (1, 1/sqrt(127)) would move them off. Only the exact
+  // noise sees a grid (the estimate gives every weight above half a step a uniform rounding error).
   const std::vector<ChainLayer> chain{conv({1, 1.0 / 127}, {2, 1, 1, 1}), conv({1, 1}, {1, 2, 1, 1})};
-  const ChainScales result = equalizeChain(chain, {true});
+  EqualizeSettings exact;
+  exact.noise = NoiseMeasure::Exact;
+  const ChainScales result = equalizeChain(chain, {true}, exact);
   CHECK(result.kept == std::vector<bool>{false});
   CHECK(result.scales[0] == std::vector<double>{1, 1});
   CHECK(result.proposed[0][1] == Approx(1 / std::sqrt(127.0)));
@@ -125,7 +128,7 @@ TEST_CASE("equalize math: the chosen scales have the least noise of the candidat
   const ChainScales result = equalizeChain(chain, {true, true});
   auto total = [&](const std::vector<std::vector<double>>& scales) {
     double sum = 0.0;
-    for (double noise : chainInt8Noise(chain, scales)) sum += noise;
+    for (double noise : estimatedChainInt8Noise(chain, scales)) sum += noise;
     return sum;
   };
   const std::vector<std::vector<double>> identity(2, std::vector<double>(channels, 1.0));
@@ -233,9 +236,11 @@ TEST_CASE("equalize math: a chain's noise model gives chainInt8Noise's figures, 
   const std::vector<ChainLayer> chain{conv(spreadWeights(6 * 3, 3, 0.2), {6, 3, 1, 1}),
                                       conv(spreadWeights(6 * 9, 9, 0.8), {6, 1, 3, 3}, 6),
                                       conv(spreadWeights(4 * 6, 6, 1.5), {4, 6, 1, 1})};
-  const ChainNoise noise(chain);
+  const ChainNoise noise(chain, NoiseMeasure::Exact);
+  EqualizeSettings exact;
+  exact.noise = NoiseMeasure::Exact;
   const ChainScales chosen = equalizeChain(noise, {true, true});
-  CHECK(chosen.scales == equalizeChain(chain, {true, true}).scales);
+  CHECK(chosen.scales == equalizeChain(chain, {true, true}, exact).scales);
   for (const auto& scales : {chosen.scales, chosen.proposed}) {
     const std::vector<double> expected = chainInt8Noise(chain, scales);
     CHECK(noise.perLayer(scales) == expected);
@@ -244,4 +249,80 @@ TEST_CASE("equalize math: a chain's noise model gives chainInt8Noise's figures, 
   }
   CHECK_THROWS_AS(noise.perLayer({}), std::invalid_argument);
   CHECK_THROWS_AS(ChainNoise({conv({1, 2}, {2, 1, 1, 1}), conv({1, 2, 3}, {1, 3, 1, 1})}), std::invalid_argument);
+}
+
+TEST_CASE("equalize math: the noise estimate against hand-computed values", "[equalize][kernels]") {
+  // L0 [2, 1] rows 2 and 0.001, L1 reads both with weight 1: signal 4 + 1e-6, gains 1, L1's input powers 4, 1e-6.
+  const std::vector<ChainLayer> chain{conv({2, 0.001}, {2, 1, 1, 1}), conv({1, 1}, {1, 2, 1, 1})};
+  const double signal = 4.0 + 1e-6;
+  // As given: L0's half step is 2 / 254; 0.001 lies below it and rounds to zero, costing its square; 2 costs the
+  // uniform error halfStep^2 / 3. L1's half step 1 / 254; both weights cost the uniform error.
+  const double firstHalf = 2.0 / 254.0, secondHalf = 1.0 / 254.0;
+  const std::vector<double> given = estimatedChainInt8Noise(chain, {{1, 1}});
+  REQUIRE(given.size() == 2);
+  CHECK(given[0] == Approx((firstHalf * firstHalf / 3.0 + 1e-6) / signal).epsilon(1e-12));
+  CHECK(given[1] == Approx((4.0 + 1e-6) * secondHalf * secondHalf / 3.0 / signal).epsilon(1e-12));
+  // Scales (1, 0.001): L0's second row becomes 1, above its half step: the uniform error, carried back to the
+  // given coordinates (divided by the factor 1000 squared). L1's second input weight becomes 0.001, below its half
+  // step: it rounds to zero and costs all of its signal (weight 1 squared times power 1e-6).
+  const std::vector<double> scaled = estimatedChainInt8Noise(chain, {{1, 0.001}});
+  CHECK(scaled[0] == Approx((firstHalf * firstHalf / 3.0 * (1.0 + 1e-6)) / signal).epsilon(1e-12));
+  CHECK(scaled[1] == Approx((4.0 * secondHalf * secondHalf / 3.0 + 1e-6) / signal).epsilon(1e-12));
+  // A model built once gives the same figures, and chooses scales as equalizeChain does.
+  const ChainNoise noise(chain);
+  CHECK(noise.perLayer({{1, 0.001}}) == scaled);
+  CHECK(equalizeChain(noise, {true}).scales == equalizeChain(chain, {true}).scales);
+}
+
+TEST_CASE("equalize math: the noise estimate ranks candidate scales as the exact noise does",
+          "[equalize][kernels]") {
+  // Conv -> depthwise 3x3 -> Conv with rows spread over two decades: the per-link powers {0, 1/2, 1} of the
+  // sweep's scales, every combination.
+  const std::vector<ChainLayer> chain{conv(spreadWeights(8 * 4, 4, 0.3), {8, 4, 1, 1}),
+                                      conv(spreadWeights(8 * 9, 9, 1.1), {8, 1, 3, 3}, 8),
+                                      conv(spreadWeights(5 * 8, 8, 2.2), {5, 8, 1, 1})};
+  EqualizeSettings plain;
+  plain.keepOnlyImproving = false;
+  const ChainScales swept = equalizeChain(chain, {true, true}, plain);
+  std::vector<std::pair<double, double>> noises;  // (exact, estimated) per candidate, the chain's sum
+  for (double p0 : {0.0, 0.5, 1.0})
+    for (double p1 : {0.0, 0.5, 1.0}) {
+      std::vector<std::vector<double>> scales = swept.scales;
+      for (double& s : scales[0]) s = std::pow(s, p0);
+      for (double& s : scales[1]) s = std::pow(s, p1);
+      double exact = 0.0, estimated = 0.0;
+      for (double n : chainInt8Noise(chain, scales)) exact += n;
+      for (double n : estimatedChainInt8Noise(chain, scales)) estimated += n;
+      INFO("powers " << p0 << ", " << p1);
+      CHECK(estimated == Approx(exact).epsilon(0.5));
+      noises.emplace_back(exact, estimated);
+    }
+  // Every pair of candidates whose exact noises differ by more than the estimate's error is ordered alike.
+  std::size_t compared = 0;
+  for (std::size_t a = 0; a < noises.size(); ++a)
+    for (std::size_t b = 0; b < noises.size(); ++b) {
+      if (noises[a].first >= noises[b].first * 0.5) continue;
+      INFO("candidates " << a << ", " << b);
+      CHECK(noises[a].second < noises[b].second);
+      ++compared;
+    }
+  CHECK(compared >= 5);
+}
+
+TEST_CASE("equalize math: a chain's rescaled channel ranges equal those of the rescaled weights",
+          "[equalize][kernels]") {
+  const std::vector<ChainLayer> chain{conv(spreadWeights(6 * 3 * 4, 12, 0.2), {6, 3, 2, 2}),
+                                      conv(spreadWeights(6 * 9, 9, 0.8), {6, 1, 3, 3}, 6),
+                                      conv(spreadWeights(4 * 6 * 4, 24, 1.5), {4, 6, 2, 2})};
+  const ChainNoise noise(chain);
+  const ChainScales chosen = equalizeChain(noise, {true, true});
+  for (const auto& scales : {chosen.scales, chosen.proposed})
+    for (std::size_t k = 0; k < chain.size(); ++k) {
+      INFO("layer " << k);
+      const std::vector<double> weights = equalizedWeights(chain, scales, k);
+      // To the last bit: the pairs' maxima are multiplied in the order the weights are.
+      CHECK(noise.outputRanges(k, scales) == outputChannelRanges(chain[k].layout, weights, chain[k].dims));
+      CHECK(noise.inputRanges(k, scales) == inputChannelRanges(chain[k].layout, weights, chain[k].dims));
+    }
+  CHECK_THROWS_AS(noise.outputRanges(0, {}), std::invalid_argument);
 }
