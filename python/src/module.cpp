@@ -16,6 +16,7 @@
 #include "bnfold/api/api.h"
 #include "bnfold/error.h"
 #include "bnfold/io/atomic_file.h"
+#include "bnfold/io/borrowed_model.h"
 #include "bnfold/io/model_io.h"
 #include "bnfold/version.h"
 
@@ -121,7 +122,8 @@ py::dict runResult(const bnfold::Report& report, const bnfold::FoldRun& run) {
 py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const std::string& baseDir,
                    const std::string& output, const std::string& reportPath, const bnfold::DriverOptions& options,
                    bool dryRun) {
-  const std::string_view bytes = data;  // immutable, and kept alive by the caller while the GIL is released
+  // Immutable, and kept alive by the caller while the GIL is released: the model borrows it, and is freed below.
+  const std::string_view bytes = data;
   std::unique_ptr<bnfold::Model> model;
   bnfold::Report report;
   bnfold::FoldRun run;
@@ -131,7 +133,7 @@ py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const s
     // Bad destinations fail before any work, as in the CLI.
     if (writes) bnfold::destinationOf(output);
     if (!reportPath.empty()) bnfold::destinationOf(reportPath);
-    model = bnfold::modelFromBytes(bytes, sourceName, baseDir);
+    model = bnfold::modelFromBorrowedBytes(bytes, sourceName, baseDir);
     report.setInput(sourceName);
     if (!output.empty()) report.setOutput(output);
     run = bnfold::foldModel(*model, options, report);
@@ -184,7 +186,8 @@ py::dict foldPath(const std::string& input, const std::string& output, const std
 }
 
 /// A model to read: a serialized ModelProto (`bytes`) or a file (`path`). Taken from the Python object while the
-/// GIL is held; the bytes object outlives the call.
+/// GIL is held; the bytes object is immutable and outlives the call, so the model borrows it (it is freed before
+/// the call returns).
 struct ModelSource {
   explicit ModelSource(const py::object& source) {
     if (py::isinstance<py::bytes>(source)) {
@@ -196,7 +199,7 @@ struct ModelSource {
   }
   std::unique_ptr<bnfold::Model> load(const std::string& sourceName, const std::string& baseDir,
                                       const bnfold::LoadOptions& loadOptions) const {
-    if (inMemory) return bnfold::modelFromBytes(bytes, sourceName, baseDir, loadOptions);
+    if (inMemory) return bnfold::modelFromBorrowedBytes(bytes, sourceName, baseDir, loadOptions);
     return bnfold::loadModel(path, loadOptions);
   }
   bool inMemory = false;
