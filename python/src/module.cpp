@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bnfold/api/api.h"
+#include "bnfold/api/batch.h"
 #include "bnfold/error.h"
 #include "bnfold/io/atomic_file.h"
 #include "bnfold/io/borrowed_model.h"
@@ -163,8 +164,10 @@ py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const s
   return result;
 }
 
+/// `createFolders`: make the folders of `output` and `reportPath` when missing (a batch mirrors its inputs' layout).
 py::dict foldPath(const std::string& input, const std::string& output, const std::string& reportPath, bool dryRun,
-                  bool inPlace, const std::string& backupSuffix, const bnfold::DriverOptions& options) {
+                  bool inPlace, const std::string& backupSuffix, const bnfold::DriverOptions& options,
+                  bool createFolders) {
   bnfold::FoldFileRequest request;
   request.input = input;
   request.output = output;
@@ -172,6 +175,7 @@ py::dict foldPath(const std::string& input, const std::string& output, const std
   request.dryRun = dryRun;
   request.inPlace = inPlace;
   request.backupSuffix = backupSuffix;
+  request.createFolders = createFolders;
   bnfold::FoldFileResult folded;
   withoutGil([&] {
     folded = bnfold::foldFile(request, options);
@@ -183,6 +187,16 @@ py::dict foldPath(const std::string& input, const std::string& output, const std
   result["unchanged"] = folded.unchanged;
   result["timings"] = py::make_tuple(folded.times.load, folded.times.rules, folded.times.save);
   return result;
+}
+
+/// The models of a batch fold and where each goes: a list of (input, output, report), "" where nothing is written.
+py::list planFoldBatch(const std::vector<std::string>& inputs, const std::string& outDir, const std::string& reportDir,
+                       bool inPlace) {
+  std::vector<bnfold::PlannedFold> planned;
+  withoutGil([&] { planned = bnfold::planBatchFold(inputs, bnfold::BatchDestinations{outDir, reportDir, inPlace}); });
+  py::list items;
+  for (const bnfold::PlannedFold& item : planned) items.append(py::make_tuple(item.model.path, item.output, item.report));
+  return items;
 }
 
 /// A model to read: a serialized ModelProto (`bytes`) or a file (`path`). Taken from the Python object while the
@@ -295,7 +309,9 @@ PYBIND11_MODULE(_native, m) {
   m.def("fold_bytes", &foldBytes, py::arg("data"), py::arg("source_name"), py::arg("base_dir"), py::arg("output"),
         py::arg("report"), py::arg("options"), py::arg("dry_run"));
   m.def("fold_path", &foldPath, py::arg("input"), py::arg("output"), py::arg("report"), py::arg("dry_run"),
-        py::arg("in_place"), py::arg("backup_suffix"), py::arg("options"));
+        py::arg("in_place"), py::arg("backup_suffix"), py::arg("options"), py::arg("create_folders") = false);
+  m.def("plan_fold_batch", &planFoldBatch, py::arg("inputs"), py::arg("out_dir"), py::arg("report_dir"),
+        py::arg("in_place"));
   m.def("check", &checkModel, py::arg("source"), py::arg("source_name"), py::arg("base_dir"), py::arg("fail_on"),
         py::arg("options"));
   m.def("info", &describe, py::arg("source"), py::arg("source_name"), py::arg("base_dir"),
