@@ -147,3 +147,14 @@ def test_bad_batches_raise_before_any_model_is_folded(model_tree, tmp_path):
     with pytest.raises(TypeError):
         bnfold.fold_many([42], out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_rule_keywords_and_timings_apply_to_every_model(model_tree, capfd):
+    results = bnfold.fold_many(model_tree / "models", out_dir=model_tree / "none", rules="none", timings=True)
+    assert all(result.report["folds"] == [] and result.report["rules"] == [] for result in results)
+    assert "BatchNormalization" in ops(onnx.load(model_tree / "none" / "a.onnx"))
+    err = capfd.readouterr().err
+    assert [line.split(": ")[2] for line in err.splitlines() if line.startswith("bnfold: timings: ")] == \
+        [result.input for result in results]
+    kept = bnfold.fold_many(model_tree / "models", dry_run=True, keep_op="Conv")
+    assert all(entry["reason"] for entry in kept[0].report["skipped"]) and kept[0].report["folds"] == []
