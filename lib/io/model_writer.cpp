@@ -185,7 +185,6 @@ onnx::ModelProto modelToProto(Model& model) {
   return copy;
 }
 
-
 namespace {
 
 constexpr int64_t kProtobufLimit = INT_MAX;
