@@ -1,6 +1,6 @@
 #pragma once
-// What `fold` and `check` share when they work on many models: the rule flags, turning the command line's files
-// and folders into a sorted list of models, and running independent per-model work on a few threads while the
+// What `fold` and `check` share when they work on many models: the rule flags (the list of models comes from
+// bnfold/api/batch.h), and running independent per-model work on a few threads while the
 // calling thread reports results in input order (so the output does not depend on --jobs).
 
 #include <cstddef>
@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bnfold/api/api.h"
+#include "bnfold/api/batch.h"
 #include "bnfold/check/fold.h"
 
 namespace bnfold::cli {
@@ -22,20 +23,6 @@ using RuleFlags = RuleSettings;
 void addRuleFlags(CLI::App& command, RuleFlags& flags);
 /// "Rules (default marked *):" and one line per rule, for --help footers.
 std::string ruleListText();
-
-/// One model to process: its path as the user would write it, and its path below the folder it was found in
-/// (just the file name for a file given directly), which --out-dir and --report-dir mirror.
-struct ModelFile {
-  std::string path;
-  std::string relative;
-};
-
-/// Files are taken as given (even when missing: loading them then fails with a clear message); folders are
-/// searched recursively for *.onnx, sorted by relative path, skipping the folders in `excludedDirs` (the output
-/// folders, so a second run does not pick up the first run's results). A model reached twice is listed once.
-/// Throws bnfold::Error when a folder holds no *.onnx file.
-std::vector<ModelFile> collectModelFiles(const std::vector<std::string>& inputs,
-                                         const std::vector<std::string>& excludedDirs = {});
 
 /// `jobs` threads when given, else the number of cores (at least 1).
 unsigned effectiveJobs(unsigned requested);

@@ -7,13 +7,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <map>
 #include <set>
 
 #include <spdlog/spdlog.h>
 
 #include "batch.h"
 #include "bnfold/api/api.h"
+#include "bnfold/api/batch.h"
 #include "bnfold/error.h"
 #include "bnfold/io/model_io.h"
 #include "bnfold/io/atomic_file.h"
@@ -156,12 +156,6 @@ int runSingle(const FoldOptions& options) {
 
 // ---- many models ----
 
-struct Planned {
-  ModelFile model;
-  std::string output;  // empty: no model is written (dry run without a destination)
-  std::string report;  // empty: no report
-};
-
 struct Outcome {
   bool ok = false;
   bool verifyFailed = false;  // a rewrite failed --verify: no model written, the report was
@@ -171,37 +165,7 @@ struct Outcome {
   FoldPhaseTimes times;
 };
 
-std::string reportNameFor(const std::string& modelPath) {
-  fs::path path(modelPath);
-  if (path.extension() == ".onnx") return path.replace_extension(".report.json").string();
-  return modelPath + ".report.json";
-}
-
-std::vector<Planned> plan(const FoldOptions& options, const std::vector<ModelFile>& models) {
-  std::vector<Planned> planned;
-  for (const ModelFile& model : models) {
-    Planned item{model, "", ""};
-    if (!options.outDir.empty()) item.output = (fs::path(options.outDir) / model.relative).string();
-    else if (options.inPlace) item.output = model.path;
-    if (!options.reportDir.empty()) item.report = reportNameFor((fs::path(options.reportDir) / model.relative).string());
-    else if (!item.output.empty()) item.report = reportNameFor(item.output);
-    planned.push_back(std::move(item));
-  }
-  // Two inputs with the same relative path (from different folders) would overwrite each other's results.
-  std::map<std::string, std::string> writers;
-  for (const Planned& item : planned) {
-    for (const std::string* target : {&item.output, &item.report}) {
-      if (target->empty() || options.inPlace) continue;
-      auto [it, fresh] = writers.emplace(fs::path(*target).lexically_normal().string(), item.model.path);
-      if (!fresh)
-        throw Error("", "'" + it->second + "' and '" + item.model.path + "' would both be written to '" + *target +
-                            "'; process them in separate runs");
-    }
-  }
-  return planned;
-}
-
-Outcome foldOne(const Planned& item, const FoldOptions& options, const DriverOptions& driverOptions) {
+Outcome foldOne(const PlannedFold& item, const FoldOptions& options, const DriverOptions& driverOptions) {
   Outcome outcome;
   try {
     FoldFileRequest request;
@@ -234,7 +198,7 @@ Outcome foldOne(const Planned& item, const FoldOptions& options, const DriverOpt
   return outcome;
 }
 
-std::string modelLine(std::size_t index, std::size_t total, const Planned& item, const Outcome& outcome,
+std::string modelLine(std::size_t index, std::size_t total, const PlannedFold& item, const Outcome& outcome,
                       const FoldOptions& options) {
   std::string line = "[" + std::to_string(index + 1) + "/" + std::to_string(total) + "] ";
   if (!outcome.ok) return line + "failed    " + item.model.path + ": " + outcome.error;
@@ -247,7 +211,8 @@ std::string modelLine(std::size_t index, std::size_t total, const Planned& item,
 int runBatch(const FoldOptions& options) {
   const DriverOptions driverOptions = driverOptionsFrom(options.ruleFlags);
   const auto started = std::chrono::steady_clock::now();
-  const std::vector<Planned> items = plan(options, collectModelFiles(options.inputs, {options.outDir, options.reportDir}));
+  const std::vector<PlannedFold> items =
+      planBatchFold(options.inputs, BatchDestinations{options.outDir, options.reportDir, options.inPlace});
   const unsigned jobs = effectiveJobs(options.jobs);
 
   // A dry run's lines are its result (stdout); a real run's are progress (stderr).

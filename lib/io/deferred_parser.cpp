@@ -5,7 +5,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <optional>
+#include <stdexcept>
+#include <utility>
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl.h>
@@ -31,13 +35,34 @@ bool isLengthDelimited(uint32_t tag) {
   return WireFormat::GetTagWireType(tag) == WireFormat::WIRETYPE_LENGTH_DELIMITED;
 }
 
+// The tensor whose raw_data is left where it is: `length` bytes at `offset` of the input being parsed (`proto` has
+// every other field).
+using LeaveInPlace =
+    std::function<std::unique_ptr<Tensor>(std::unique_ptr<onnx::TensorProto> proto, int64_t offset, int64_t length)>;
+
+// raw_data left in a buffer in memory that the tensor does not own: `owner`, when not null, keeps it alive;
+// without one, the buffer must outlive every tensor that reads it.
+class BufferBytes final : public DeferredBytes {
+ public:
+  BufferBytes(std::string_view bytes, std::shared_ptr<const void> owner) : bytes_(bytes), owner_(std::move(owner)) {}
+  int64_t size() const override { return static_cast<int64_t>(bytes_.size()); }
+  void read(int64_t offset, int64_t length, char* out) const override {
+    if (offset < 0 || length < 0 || offset + length > size())
+      throw std::out_of_range("BufferBytes::read: bytes outside the range");
+    std::memcpy(out, bytes_.data() + offset, static_cast<std::size_t>(length));
+  }
+  std::optional<std::string_view> inMemory() const override { return bytes_; }
+
+ private:
+  std::string_view bytes_;
+  std::shared_ptr<const void> owner_;
+};
+
 class Parser {
  public:
-  Parser(CodedInputStream& input, std::shared_ptr<const SourceFile> file, std::string baseDir, int64_t fileSize)
-      : in_(input),
-        file_(std::move(file)),
-        baseDir_(baseDir.empty() ? nullptr : std::make_shared<const std::string>(std::move(baseDir))),
-        fileSize_(fileSize) {}
+  Parser(CodedInputStream& input, LeaveInPlace leaveInPlace, std::shared_ptr<const std::string> baseDir,
+         int64_t inputSize)
+      : in_(input), leaveInPlace_(std::move(leaveInPlace)), baseDir_(std::move(baseDir)), inputSize_(inputSize) {}
 
   bool parseModel(DeferredModel& out) {
     std::string shellBytes, graphBytes;
@@ -73,8 +98,8 @@ class Parser {
   // nodes' input and output names go there instead of into `graphBytes`.
   bool parseGraph(std::string& graphBytes, std::vector<std::unique_ptr<Tensor>>& initializers,
                   std::optional<NodeNames>& nodeNames, uint32_t length) {
-    // `length` counts the initializers too, and a corrupt file may claim any length: reserve no more than the file
-    // still holds, and at most 256 MiB.
+    // `length` counts the initializers too, and a corrupt input may claim any length: reserve no more than the
+    // input still holds, and at most 256 MiB.
     constexpr int64_t kMaxReserve = 256 << 20;
     graphBytes.reserve(static_cast<std::size_t>(std::min({static_cast<int64_t>(length), bytesLeft(), kMaxReserve})));
     for (uint32_t tag; (tag = in_.ReadTag()) != 0;) {
@@ -159,7 +184,7 @@ class Parser {
     return end;
   }
 
-  int64_t bytesLeft() const { return std::max<int64_t>(0, fileSize_ - in_.CurrentPosition()); }
+  int64_t bytesLeft() const { return std::max<int64_t>(0, inputSize_ - in_.CurrentPosition()); }
 
   // A tensor smaller than the deferral threshold cannot hold a raw_data to defer: parsed as it is.
   bool parseSmallTensor(std::unique_ptr<Tensor>& tensor, uint32_t length) {
@@ -173,7 +198,7 @@ class Parser {
 
   bool parseTensor(std::unique_ptr<Tensor>& tensor) {
     std::string tensorBytes;
-    std::optional<FileRange> rawData;
+    std::optional<std::pair<int64_t, int64_t>> rawData;  // offset and length in the input
     {
       StringOutputStream tensorStream(&tensorBytes);
       CodedOutputStream fields(&tensorStream);
@@ -184,7 +209,7 @@ class Parser {
           if (length >= kDeferredRawDataThreshold) {
             const int64_t offset = in_.CurrentPosition();
             if (!in_.Skip(static_cast<int>(length))) return false;
-            rawData = FileRange{file_, offset, length};
+            rawData.emplace(offset, length);
           } else {
             std::string bytes;
             if (!in_.ReadString(&bytes, static_cast<int>(length))) return false;
@@ -200,7 +225,7 @@ class Parser {
     if (!proto->ParseFromString(tensorBytes)) return false;
     if (rawData) {
       proto->clear_raw_data();
-      tensor = std::make_unique<Tensor>(std::move(proto), baseDir_, std::move(*rawData));
+      tensor = leaveInPlace_(std::move(proto), rawData->first, rawData->second);
     } else {
       tensor = std::make_unique<Tensor>(std::move(proto), baseDir_);
     }
@@ -208,11 +233,15 @@ class Parser {
   }
 
   CodedInputStream& in_;
-  std::shared_ptr<const SourceFile> file_;
+  LeaveInPlace leaveInPlace_;
   std::shared_ptr<const std::string> baseDir_;  // shared by every tensor
-  int64_t fileSize_;
+  int64_t inputSize_;
   std::string nodeBytes_;  // the node being copied, reused from node to node
 };
+
+std::shared_ptr<const std::string> sharedFolder(const std::string& baseDir) {
+  return baseDir.empty() ? nullptr : std::make_shared<const std::string>(baseDir);
+}
 
 }  // namespace
 
@@ -224,7 +253,27 @@ bool parseDeferred(int fd, const std::string& path, const std::string& baseDir, 
   auto file = std::make_shared<const SourceFile>(ownFd, path);
   google::protobuf::io::FileInputStream stream(fd, 1 << 20);
   CodedInputStream input(&stream);
-  Parser parser(input, file, baseDir, static_cast<int64_t>(info.st_size));
+  const auto sharedBaseDir = sharedFolder(baseDir);
+  const LeaveInPlace inFile = [&](std::unique_ptr<onnx::TensorProto> proto, int64_t offset, int64_t length) {
+    return std::make_unique<Tensor>(std::move(proto), sharedBaseDir, FileRange{file, offset, length});
+  };
+  Parser parser(input, inFile, sharedBaseDir, static_cast<int64_t>(info.st_size));
+  if (namesApart) out.mainNodeNames.emplace();
+  return parser.parseModel(out);
+}
+
+bool parseDeferred(std::string_view bytes, const std::shared_ptr<const void>& owner, const std::string& baseDir,
+                   bool namesApart, DeferredModel& out) {
+  if (bytes.size() > static_cast<std::size_t>(std::numeric_limits<int>::max())) return false;
+  CodedInputStream input(reinterpret_cast<const uint8_t*>(bytes.data()), static_cast<int>(bytes.size()));
+  // A tensor's folder only locates external data, which raw_data never is.
+  const LeaveInPlace inBuffer = [&](std::unique_ptr<onnx::TensorProto> proto, int64_t offset, int64_t length) {
+    return std::make_unique<Tensor>(
+        std::move(proto),
+        std::make_shared<BufferBytes>(bytes.substr(static_cast<std::size_t>(offset), static_cast<std::size_t>(length)),
+                                      owner));
+  };
+  Parser parser(input, inBuffer, sharedFolder(baseDir), static_cast<int64_t>(bytes.size()));
   if (namesApart) out.mainNodeNames.emplace();
   return parser.parseModel(out);
 }

@@ -1,6 +1,7 @@
 #pragma once
-// Parses a model file without reading the main graph's large raw_data payloads: each such tensor gets a
-// FileRange pointing into the file instead. Everything else is parsed by protobuf as usual.
+// Parses a model without copying the main graph's large raw_data payloads: each such tensor gets DeferredBytes
+// pointing into the model file, or into the buffer the model is parsed from, instead. Everything else is parsed by
+// protobuf as usual.
 
 #include <cstdint>
 #include <memory>
@@ -61,12 +62,16 @@ struct DeferredModel {
   std::optional<NodeNames> mainNodeNames;
 };
 
-/// raw_data payloads at least this large stay in the file.
+/// raw_data payloads at least this large stay where they are.
 constexpr uint32_t kDeferredRawDataThreshold = 4096;
 
 /// Parses the open file `fd` (positioned at 0); with `namesApart`, the main graph's node inputs and outputs go to
 /// `out.mainNodeNames`. Returns false when the bytes are not a well-formed ModelProto or use a layout this parser
 /// does not handle (the caller then parses it the ordinary way).
 bool parseDeferred(int fd, const std::string& path, const std::string& baseDir, bool namesApart, DeferredModel& out);
+/// The same for a serialized model in memory: large raw_data stays in `bytes`, which `owner` keeps alive (when null,
+/// the caller keeps `bytes` alive and unchanged until every tensor of `out` is gone).
+bool parseDeferred(std::string_view bytes, const std::shared_ptr<const void>& owner, const std::string& baseDir,
+                   bool namesApart, DeferredModel& out);
 
 }  // namespace bnfold

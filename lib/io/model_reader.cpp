@@ -15,6 +15,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 
 #include "bnfold/error.h"
+#include "bnfold/io/borrowed_model.h"
 #include "bnfold/io/model_io.h"
 #include "deferred_parser.h"
 #include "message_depth.h"
@@ -388,17 +389,61 @@ std::unique_ptr<Model> modelFromProto(onnx::ModelProto&& proto, const std::strin
   });
 }
 
-std::unique_ptr<Model> modelFromBytes(std::string_view bytes, const std::string& sourceName, const std::string& baseDir,
-                                      const LoadOptions& options) {
+namespace {
+
+// Builds the model from a parse that can be repeated: first in the stored order, with the main graph's node
+// inputs and outputs kept apart from their protos, and only when that fails (see kTrust) from a second parse with
+// the order checked, which sorts or reports exactly as it always did.
+template <typename Parse>
+std::unique_ptr<Model> buildTrustingStoredOrder(const Parse& parse, const std::string& sourceName,
+                                                const std::string& baseDir, const LoadOptions& options) {
+  auto build = [&](DeferredModel deferred, StoredOrder order) {
+    auto model = std::make_unique<Model>();
+    ModelReader(*model, sourceName, options, order)
+        .read(std::move(deferred.proto), baseDir, std::move(deferred.mainInitializers),
+              deferred.mainNodeNames ? &*deferred.mainNodeNames : nullptr);
+    return model;
+  };
+  try {
+    return build(parse(/*namesApart=*/true), StoredOrder::kTrust);
+  } catch (const Error&) {
+  } catch (const StoredOrderNotTrusted&) {
+  }
+  return build(parse(/*namesApart=*/false), StoredOrder::kCheck);
+}
+
+// Loads a serialized model in memory; large raw_data stays in `bytes` (kept alive by `owner`, or by the caller).
+std::unique_ptr<Model> modelFromMemory(std::string_view bytes, const std::shared_ptr<const void>& owner,
+                                       const std::string& sourceName, const std::string& baseDir,
+                                       const LoadOptions& options) {
   if (bytes.empty()) throw InvalidModelError(sourceName, "the model is empty (no bytes)");
   if (bytes.size() > static_cast<std::size_t>(INT_MAX))
     throw InvalidModelError(sourceName, "is larger than protobuf's 2 GiB limit; keep its tensors in external data "
                                         "and pass a path");
-  onnx::ModelProto proto;
-  if (!proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
-    throw InvalidModelError(sourceName,
-                            "not a valid ONNX model: the protobuf cannot be parsed (corrupt or truncated bytes)");
-  return modelFromProto(std::move(proto), sourceName, baseDir, options);
+  auto parse = [&](bool namesApart) {
+    DeferredModel deferred;
+    if (parseDeferred(bytes, owner, baseDir, namesApart, deferred)) return deferred;
+    deferred = DeferredModel();  // a layout the deferred parser leaves to protobuf
+    if (!deferred.proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+      throw InvalidModelError(sourceName,
+                              "not a valid ONNX model: the protobuf cannot be parsed (corrupt or truncated bytes)");
+    return deferred;
+  };
+  return loadingInvalidModel([&] { return buildTrustingStoredOrder(parse, sourceName, baseDir, options); });
+}
+
+}  // namespace
+
+std::unique_ptr<Model> modelFromBytes(std::string_view bytes, const std::string& sourceName, const std::string& baseDir,
+                                      const LoadOptions& options) {
+  // One copy the model owns, for the tensors that stay in it; the bytes of the small ones are parsed out of it.
+  auto copy = std::make_shared<const std::string>(bytes);
+  return modelFromMemory(*copy, copy, sourceName, baseDir, options);
+}
+
+std::unique_ptr<Model> modelFromBorrowedBytes(std::string_view bytes, const std::string& sourceName,
+                                              const std::string& baseDir, const LoadOptions& options) {
+  return modelFromMemory(bytes, nullptr, sourceName, baseDir, options);
 }
 
 namespace {
@@ -455,25 +500,16 @@ std::unique_ptr<Model> loadModelFile(const std::string& path, const LoadOptions&
   const fs::path modelPath(path);
   const std::string baseDir = modelPath.has_parent_path() ? modelPath.parent_path().string() : ".";
 
-  auto build = [&](DeferredModel deferred, StoredOrder order) {
-    auto model = std::make_unique<Model>();
-    ModelReader(*model, path, options, order)
-        .read(std::move(deferred.proto), baseDir, std::move(deferred.mainInitializers),
-              deferred.mainNodeNames ? &*deferred.mainNodeNames : nullptr);
-    return model;
-  };
-  // A regular file can be parsed again: build in the stored order, and only when that fails (see kTrust) parse
-  // again and build with the order checked, which sorts or reports exactly as it always did. A stream is read
-  // once, so its order is checked first.
-  // The first build, in the stored order, takes the main graph's node inputs and outputs apart from their protos.
-  DeferredModel deferred = parseModelFile(fd, regular, path, baseDir, regular);
-  if (!regular) return build(std::move(deferred), StoredOrder::kCheck);
-  try {
-    return build(std::move(deferred), StoredOrder::kTrust);
-  } catch (const Error&) {
-  } catch (const StoredOrderNotTrusted&) {
+  // A regular file can be parsed again; a stream is read once, so its order is checked first.
+  if (regular) {
+    auto parse = [&](bool namesApart) { return parseModelFile(fd, regular, path, baseDir, namesApart); };
+    return buildTrustingStoredOrder(parse, path, baseDir, options);
   }
-  return build(parseModelFile(fd, regular, path, baseDir, false), StoredOrder::kCheck);
+  DeferredModel deferred = parseModelFile(fd, regular, path, baseDir, false);
+  auto model = std::make_unique<Model>();
+  ModelReader(*model, path, options, StoredOrder::kCheck)
+      .read(std::move(deferred.proto), baseDir, std::move(deferred.mainInitializers));
+  return model;
 }
 
 }  // namespace

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -183,19 +185,6 @@ onnx::ModelProto modelToProto(Model& model) {
   return copy;
 }
 
-void serializeModel(Model& model, const std::function<char*(std::size_t)>& allocate) {
-  onnx::ModelProto proto;  // declared before the writer: it must outlive the lent tensors' return
-  ModelWriter writer(model);
-  for (Tensor* tensor : writer.allTensors()) tensor->materialize();
-  writer.build(proto);
-  const std::size_t size = proto.ByteSizeLong();
-  if (size > static_cast<std::size_t>(INT_MAX))
-    throw Error(model.path(), "the model is larger than protobuf's 2 GiB limit; write it to a file, which keeps "
-                              "large tensors in external data");
-  char* out = allocate(size);
-  proto.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(out));
-}
-
 namespace {
 
 constexpr int64_t kProtobufLimit = INT_MAX;
@@ -245,6 +234,10 @@ void copyFileRange(const FileRange& range, int fd, const std::string& path) {
 void writeDeferred(const DeferredBytes& bytes, int fd, const std::string& path) {
   if (const FileRange* range = bytes.fileRange()) {
     copyFileRange(*range, fd, path);
+    return;
+  }
+  if (const std::optional<std::string_view> held = bytes.inMemory()) {
+    writeAll(fd, held->data(), held->size(), path);
     return;
   }
   constexpr int64_t kChunk = 1 << 20;  // a multiple of every element size
@@ -298,9 +291,9 @@ void setExternalLocation(onnx::TensorProto& proto, const std::string& location, 
 // Buffered writes to a file descriptor, plus file-to-file copies of byte ranges that bypass user memory. A graph of
 // 50,000 nodes is written in about a million small pieces (tags, lengths, names), so appending is a bounds check and
 // a copy into a fixed buffer.
-class OutputWriter {
+class FileOutput {
  public:
-  OutputWriter(int fd, std::string path)
+  FileOutput(int fd, std::string path)
       : fd_(fd), path_(std::move(path)), buffer_(new char[kBufferSize]) {}  // not zeroed: untouched pages cost no RSS
 
   void append(std::string_view bytes) {
@@ -355,6 +348,48 @@ class OutputWriter {
   std::size_t used_ = 0;
 };
 
+// The same appends into a buffer of the exact size of the model (serializeModel's), which they fill.
+class MemoryOutput {
+ public:
+  MemoryOutput(char* buffer, std::size_t size) : next_(buffer), end_(buffer + size) {}
+
+  void append(std::string_view bytes) {
+    if (bytes.empty()) return;  // an omitted input's name: its data() may be null, which memcpy must not get
+    std::memcpy(reserve(bytes.size()), bytes.data(), bytes.size());
+  }
+  void appendVarint(uint64_t value) {
+    uint8_t encoded[kMaxVarint];
+    const auto length = static_cast<std::size_t>(
+        google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(value, encoded) - encoded);
+    std::memcpy(reserve(length), encoded, length);
+  }
+  void appendTag(int field) { appendVarint(static_cast<uint64_t>(field) << 3 | 2); }  // length-delimited
+  void appendMessage(const google::protobuf::MessageLite& message, std::size_t size) {
+    message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(reserve(size)));
+  }
+  void appendDeferred(const DeferredBytes& bytes) {
+    const auto size = static_cast<std::size_t>(bytes.size());
+    char* out = reserve(size);
+    if (const std::optional<std::string_view> held = bytes.inMemory()) std::memcpy(out, held->data(), size);
+    else bytes.read(0, bytes.size(), out);
+  }
+  void flush() {
+    if (next_ != end_) throw std::logic_error("MemoryOutput: the model's size was computed wrongly");
+  }
+
+ private:
+  static constexpr std::size_t kMaxVarint = 10;
+  char* reserve(std::size_t size) {
+    if (size > static_cast<std::size_t>(end_ - next_))
+      throw std::logic_error("MemoryOutput: the model's size was computed wrongly");
+    char* out = next_;
+    next_ += size;
+    return out;
+  }
+  char* next_;
+  char* end_;
+};
+
 std::size_t varintSize(uint64_t value) { return google::protobuf::io::CodedOutputStream::VarintSize64(value); }
 
 // Where a field numbered `number` goes in the serialization `bytes` of a `descriptor` message: protobuf writes
@@ -396,7 +431,8 @@ std::size_t streamedNodeSize(const ModelWriter::StreamedNode& streamed) {
   return size;
 }
 
-void appendStreamedNode(const ModelWriter::StreamedNode& streamed, std::size_t size, OutputWriter& out) {
+template <typename Output>
+void appendStreamedNode(const ModelWriter::StreamedNode& streamed, std::size_t size, Output& out) {
   out.appendTag(1);  // GraphProto.node
   out.appendVarint(size);
   if (streamed.full) {
@@ -415,82 +451,121 @@ void appendStreamedNode(const ModelWriter::StreamedNode& streamed, std::size_t s
   out.appendMessage(shell, shell.GetCachedSize());
 }
 
-// Writes the model: the main graph's nodes streamed from the IR (`nodes`), and the deferred bytes of its
-// initializers (splicedBytes[i] for initializer i; null when its proto is complete) copied from the input file or
-// computed chunk by chunk. The bytes are exactly what protobuf would write for the complete message.
-void writeStreamed(onnx::ModelProto& proto, const std::vector<ModelWriter::StreamedNode>& nodes,
-                   const std::vector<const DeferredBytes*>& splicedBytes, OutputWriter& out) {
-  onnx::GraphProto* graph = proto.mutable_graph();
-  std::vector<std::size_t> nodeSizes(nodes.size());
-  std::size_t nodeBytes = 0;
-  for (std::size_t i = 0; i < nodes.size(); ++i) {
-    nodeSizes[i] = streamedNodeSize(nodes[i]);
-    nodeBytes += 1 + varintSize(nodeSizes[i]) + nodeSizes[i];
+// The model in the pieces it is written in: the main graph's nodes streamed from the IR (`nodes`), and the deferred
+// bytes of its initializers (splicedBytes[i] for initializer i; null when its proto is complete) copied from where
+// they were loaded or computed chunk by chunk. The bytes are exactly what protobuf would write for the complete
+// message; the sizes are known before any is written.
+class StreamedModel {
+ public:
+  StreamedModel(onnx::ModelProto& proto, const std::vector<ModelWriter::StreamedNode>& nodes,
+                const std::vector<const DeferredBytes*>& splicedBytes)
+      : proto_(proto), nodes_(nodes), splicedBytes_(splicedBytes) {
+    onnx::GraphProto* graph = proto.mutable_graph();
+    nodeSizes_.resize(nodes.size());
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      nodeSizes_[i] = streamedNodeSize(nodes[i]);
+      nodeBytes_ += 1 + varintSize(nodeSizes_[i]) + nodeSizes_[i];
+    }
+    // Initializers with deferred bytes are written in three pieces; the others straight from their protos, whose
+    // sizes ByteSizeLong() caches.
+    for (std::size_t i = 0; i < splicedBytes.size(); ++i) {
+      const onnx::TensorProto& tensor = graph->initializer(static_cast<int>(i));
+      std::size_t size = tensor.ByteSizeLong();
+      if (const DeferredBytes* raw = splicedBytes[i]) {
+        std::string bytes = serializeDeterministic(tensor);
+        const std::size_t split = insertionPoint(bytes, onnx::TensorProto::descriptor(), 9);
+        const auto length = static_cast<uint64_t>(raw->size());
+        size = bytes.size() + 1 + varintSize(length) + length;
+        pieces_.push_back({bytes.substr(0, split), bytes.substr(split), raw, size});
+      }
+      initializerBytes_ += 1 + varintSize(size) + size;
+    }
+    // The graph without its initializers, and the model without its graph.
+    google::protobuf::RepeatedPtrField<onnx::TensorProto> initializers;
+    initializers.Swap(graph->mutable_initializer());
+    graph->ByteSizeLong();
+    graphBytes_ = serializeDeterministic(*graph);
+    initializers.Swap(graph->mutable_initializer());
+    onnx::GraphProto* detached = proto.release_graph();
+    proto.ByteSizeLong();
+    modelBytes_ = serializeDeterministic(proto);
+    proto.set_allocated_graph(detached);
+
+    graphSplit_ = insertionPoint(graphBytes_, onnx::GraphProto::descriptor(), 5);
+    modelSplit_ = insertionPoint(modelBytes_, onnx::ModelProto::descriptor(), 7);
+    graphSize_ = nodeBytes_ + graphBytes_.size() + initializerBytes_;
   }
-  // Initializers with deferred bytes are written in three pieces; the others straight from their protos, whose
-  // sizes ByteSizeLong() caches.
+
+  /// Protobuf cannot read a message this large back.
+  bool exceedsProtobufLimit() const { return modelBytes_.size() + graphSize_ > static_cast<std::size_t>(INT_MAX); }
+  std::size_t size() const { return modelBytes_.size() + 1 + varintSize(graphSize_) + graphSize_; }
+
+  template <typename Output>
+  void write(Output& out) const {
+    const onnx::GraphProto& graph = proto_.graph();
+    out.append(std::string_view(modelBytes_).substr(0, modelSplit_));
+    out.appendTag(7);
+    out.appendVarint(graphSize_);
+    // node is GraphProto's field 1, so the nodes come first.
+    for (std::size_t i = 0; i < nodes_.size(); ++i) appendStreamedNode(nodes_[i], nodeSizes_[i], out);
+    out.append(std::string_view(graphBytes_).substr(0, graphSplit_));
+    auto piece = pieces_.begin();
+    for (std::size_t i = 0; i < splicedBytes_.size(); ++i) {
+      out.appendTag(5);
+      if (splicedBytes_[i]) {
+        out.appendVarint(piece->size);
+        out.append(piece->before);
+        out.appendTag(9);
+        out.appendVarint(static_cast<uint64_t>(piece->raw->size()));
+        out.appendDeferred(*piece->raw);
+        out.append(piece->after);
+        ++piece;
+      } else {
+        const onnx::TensorProto& tensor = graph.initializer(static_cast<int>(i));
+        out.appendVarint(tensor.GetCachedSize());
+        out.appendMessage(tensor, static_cast<std::size_t>(tensor.GetCachedSize()));
+      }
+    }
+    out.append(std::string_view(graphBytes_).substr(graphSplit_));
+    out.append(std::string_view(modelBytes_).substr(modelSplit_));
+    out.flush();
+  }
+
+ private:
   struct Piece {
     std::string before, after;  // the tensor's serialization around where raw_data goes
     const DeferredBytes* raw = nullptr;
     std::size_t size = 0;
   };
-  std::vector<Piece> pieces;
-  std::size_t initializerBytes = 0;
-  for (std::size_t i = 0; i < splicedBytes.size(); ++i) {
-    const onnx::TensorProto& tensor = graph->initializer(static_cast<int>(i));
-    std::size_t size = tensor.ByteSizeLong();
-    if (const DeferredBytes* raw = splicedBytes[i]) {
-      std::string bytes = serializeDeterministic(tensor);
-      const std::size_t split = insertionPoint(bytes, onnx::TensorProto::descriptor(), 9);
-      const auto length = static_cast<uint64_t>(raw->size());
-      size = bytes.size() + 1 + varintSize(length) + length;
-      pieces.push_back({bytes.substr(0, split), bytes.substr(split), raw, size});
-    }
-    initializerBytes += 1 + varintSize(size) + size;
-  }
-  // The graph without its initializers, and the model without its graph.
-  google::protobuf::RepeatedPtrField<onnx::TensorProto> initializers;
-  initializers.Swap(graph->mutable_initializer());
-  graph->ByteSizeLong();
-  const std::string graphBytes = serializeDeterministic(*graph);
-  initializers.Swap(graph->mutable_initializer());
-  onnx::GraphProto* detached = proto.release_graph();
-  proto.ByteSizeLong();
-  const std::string modelBytes = serializeDeterministic(proto);
-  proto.set_allocated_graph(detached);
+  const onnx::ModelProto& proto_;
+  const std::vector<ModelWriter::StreamedNode>& nodes_;
+  const std::vector<const DeferredBytes*>& splicedBytes_;
+  std::vector<std::size_t> nodeSizes_;
+  std::size_t nodeBytes_ = 0;
+  std::vector<Piece> pieces_;
+  std::size_t initializerBytes_ = 0;
+  std::string graphBytes_, modelBytes_;
+  std::size_t graphSplit_ = 0, modelSplit_ = 0, graphSize_ = 0;
+};
 
-  const std::size_t graphSplit = insertionPoint(graphBytes, onnx::GraphProto::descriptor(), 5);
-  const std::size_t modelSplit = insertionPoint(modelBytes, onnx::ModelProto::descriptor(), 7);
-  const std::size_t graphSize = nodeBytes + graphBytes.size() + initializerBytes;
-  if (modelBytes.size() + graphSize > static_cast<std::size_t>(INT_MAX))
-    throw Error("", "the model is larger than protobuf's 2 GiB limit");
-
-  out.append(std::string_view(modelBytes).substr(0, modelSplit));
-  out.appendTag(7);
-  out.appendVarint(graphSize);
-  // node is GraphProto's field 1, so the nodes come first.
-  for (std::size_t i = 0; i < nodes.size(); ++i) appendStreamedNode(nodes[i], nodeSizes[i], out);
-  out.append(std::string_view(graphBytes).substr(0, graphSplit));
-  auto piece = pieces.begin();
-  for (std::size_t i = 0; i < splicedBytes.size(); ++i) {
-    out.appendTag(5);
-    if (splicedBytes[i]) {
-      out.appendVarint(piece->size);
-      out.append(piece->before);
-      out.appendTag(9);
-      out.appendVarint(static_cast<uint64_t>(piece->raw->size()));
-      out.appendDeferred(*piece->raw);
-      out.append(piece->after);
-      ++piece;
-    } else {
-      const onnx::TensorProto& tensor = graph->initializer(static_cast<int>(i));
-      out.appendVarint(tensor.GetCachedSize());
-      out.appendMessage(tensor, static_cast<std::size_t>(tensor.GetCachedSize()));
+// The deferred bytes to splice into each main initializer (null: the proto is complete, or the tensor goes to the
+// data file, `external`). Only the main graph's initializers are spliced; any other deferred tensor that stays
+// inline (a folded weight in a subgraph) is read into its proto now.
+std::vector<const DeferredBytes*> splicedBytesOf(ModelWriter& writer, const std::vector<Tensor*>& inlineTensors,
+                                                 const std::unordered_set<const Tensor*>& external) {
+  const std::vector<Tensor*> mainInitializers = writer.mainInitializers();
+  if (std::any_of(inlineTensors.begin(), inlineTensors.end(), [](const Tensor* t) { return t->deferredRawData(); })) {
+    const std::unordered_set<const Tensor*> spliceable(mainInitializers.begin(), mainInitializers.end());
+    for (Tensor* tensor : inlineTensors) {
+      if (tensor->deferredRawData() && external.count(tensor) == 0 && spliceable.count(tensor) == 0)
+        tensor->materialize();
     }
   }
-  out.append(std::string_view(graphBytes).substr(graphSplit));
-  out.append(std::string_view(modelBytes).substr(modelSplit));
-  out.flush();
+  std::vector<const DeferredBytes*> splicedBytes;
+  splicedBytes.reserve(mainInitializers.size());
+  for (const Tensor* tensor : mainInitializers)
+    splicedBytes.push_back(external.count(tensor) ? nullptr : tensor->deferredRawData());
+  return splicedBytes;
 }
 
 // Bytes a tensor takes when written inline, its deferred data included.
@@ -556,20 +631,9 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
     }
   }
 
-  // Only the main graph's initializers are spliced from deferred bytes; any other deferred tensor that stays
-  // inline (a folded weight in a subgraph) is read into its proto now.
-  const std::vector<Tensor*> mainInitializers = writer.mainInitializers();
-  if (std::any_of(inlineTensors.begin(), inlineTensors.end(), [](const Tensor* t) { return t->deferredRawData(); })) {
-    const std::unordered_set<const Tensor*> spliceable(mainInitializers.begin(), mainInitializers.end());
-    for (Tensor* tensor : inlineTensors) {
-      if (tensor->deferredRawData() && placements.count(tensor) == 0 && spliceable.count(tensor) == 0)
-        tensor->materialize();
-    }
-  }
-  // The deferred bytes to splice into each main initializer (null: the proto is complete or now external).
-  std::vector<const DeferredBytes*> splicedBytes;
-  for (const Tensor* tensor : mainInitializers)
-    splicedBytes.push_back(placements.count(tensor) ? nullptr : tensor->deferredRawData());
+  std::unordered_set<const Tensor*> external;
+  for (const auto& placed : placements) external.insert(placed.first);
+  const std::vector<const DeferredBytes*> splicedBytes = splicedBytesOf(writer, inlineTensors, external);
   writer.build(proto, /*streamMainNodes=*/true);
   // Originals of the protos whose storage fields change, restored before the writer gives them back.
   std::vector<std::pair<onnx::TensorProto*, onnx::TensorProto>> saved;
@@ -591,10 +655,12 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
       if (source.has_doc_string()) lentProto->set_doc_string(source.doc_string());
       setExternalLocation(*lentProto, dataFileName, placement->second.offset, placement->second.length);
     }
+    const StreamedModel streamed(proto, writer.streamedNodes(), splicedBytes);
+    if (streamed.exceedsProtobufLimit()) throw Error(path, "the model is larger than protobuf's 2 GiB limit");
     AtomicFile modelFile(path);
-    OutputWriter out(modelFile.fd(), path);
+    FileOutput out(modelFile.fd(), path);
     try {
-      writeStreamed(proto, writer.streamedNodes(), splicedBytes, out);
+      streamed.write(out);
     } catch (const Error& e) {
       throw Error(e.file().empty() ? path : e.file(), e.problem());
     }
@@ -605,6 +671,21 @@ void saveModel(Model& model, const std::string& path, const SaveOptions& options
     restore();
     throw;
   }
+}
+
+void serializeModel(Model& model, const std::function<char*(std::size_t)>& allocate) {
+  onnx::ModelProto proto;  // declared before the writer: it must outlive the lent tensors' return
+  ModelWriter writer(model);
+  // Written as saveModel writes a file, external tensors left as references: deferred bytes are copied once, from
+  // where they were loaded into `allocate`'s buffer.
+  const std::vector<const DeferredBytes*> splicedBytes = splicedBytesOf(writer, writer.allTensors(), {});
+  writer.build(proto, /*streamMainNodes=*/true);
+  const StreamedModel streamed(proto, writer.streamedNodes(), splicedBytes);
+  if (streamed.exceedsProtobufLimit())
+    throw Error(model.path(), "the model is larger than protobuf's 2 GiB limit; write it to a file, which keeps "
+                              "large tensors in external data");
+  MemoryOutput out(allocate(streamed.size()), streamed.size());
+  streamed.write(out);
 }
 
 }  // namespace bnfold

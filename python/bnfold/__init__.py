@@ -7,6 +7,7 @@ The functions take a model as an ``onnx.ModelProto``, as ``bytes`` (a serialized
     import bnfold, onnx
     folded, report = bnfold.fold(onnx.load("model.onnx"))
     bnfold.fold("big.onnx", output="big.folded.onnx")    # file to file; external data never enters Python
+    results = bnfold.fold_many(["models/"], out_dir="folded/")  # many files, as `bnfold fold IN... --out-dir`
     findings = bnfold.check("model.onnx")               # what `bnfold check` reports, as dicts
     info = bnfold.info("model.onnx")                    # what `bnfold info --json` prints
 
@@ -15,9 +16,12 @@ one-line message. The library releases the GIL while it works, so threads fold m
 ``onnx`` is needed only to pass or receive ModelProto objects.
 """
 
+import dataclasses
 import os
 import sys
 import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 from . import _native
 from ._native import Error, InvalidModelError, OptionError
@@ -26,6 +30,8 @@ __version__ = _native.__version__
 
 __all__ = [
     "fold",
+    "fold_many",
+    "FoldResult",
     "check",
     "info",
     "rules",
@@ -130,18 +136,23 @@ def _base_dir(base_dir):
     return os.fsdecode(os.fspath(base_dir)) if base_dir is not None else os.getcwd()
 
 
+def _warn_as_cli(name, report, result, stacklevel=4):
+    """The warnings the CLI prints for a model, as BnfoldWarnings."""
+    if report.get("graph_reordered"):
+        moved = sum(entry.get("moved_nodes", 0) for entry in report["graph_reordered"])
+        warnings.warn(f"{name}: nodes were not in topological order; sorted {moved} nodes", BnfoldWarning,
+                      stacklevel=stacklevel)
+    if result["input_defaults_hint"]:
+        warnings.warn(f"{name}: {result['input_defaults_hint']}", BnfoldWarning, stacklevel=stacklevel)
+
+
 def _finish(result, name):
     """Parses the report, raises VerificationError or warns as the CLI does."""
     report = result["report"]
     if result["verify_failures"]:
         lines = result["verify_failures"] + [result["verify_failure_text"]]
         raise VerificationError(f"{name}: " + "; ".join(lines), report, result["verify_failures"])
-    if report.get("graph_reordered"):
-        moved = sum(entry.get("moved_nodes", 0) for entry in report["graph_reordered"])
-        warnings.warn(f"{name}: nodes were not in topological order; sorted {moved} nodes", BnfoldWarning,
-                      stacklevel=3)
-    if result["input_defaults_hint"]:
-        warnings.warn(f"{name}: {result['input_defaults_hint']}", BnfoldWarning, stacklevel=3)
+    _warn_as_cli(name, report, result)
     return report
 
 
@@ -222,6 +233,131 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
         print(f"bnfold: timings: load {load:.4f} s, rules {rules_seconds:.4f} s, save {save:.4f} s, "
               f"total {load + rules_seconds + save:.4f} s", file=sys.stderr)
     return (None if dry_run else output_path), parsed
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldResult:
+    """What ``fold_many`` did with one model.
+
+    input: the model file.
+    output: where the model goes (the input itself with ``in_place``); None in a dry run without ``out_dir``.
+    status: "ok" (written), "unchanged" (``in_place`` and nothing changed: the file was left alone), "dry-run"
+        (nothing written) or "failed".
+    report: the report as a dict (the report's schema), or None when the model could not be read or folded.
+    report_path: where the report was written, or None.
+    error: for "failed", the exception: ``InvalidModelError`` (unreadable or invalid model), ``VerificationError``
+        (a rewrite failed ``verify``: no model written, the report was), or ``Error``; ``str(error)`` is what the
+        CLI prints after "failed: ". None otherwise.
+    """
+
+    input: str
+    output: Optional[str]
+    status: str
+    report: Optional[dict] = None
+    report_path: Optional[str] = None
+    error: Optional[Error] = None
+
+    @property
+    def ok(self):
+        """False when the model failed."""
+        return self.status != "failed"
+
+
+def _paths(value, name):
+    if isinstance(value, (str, bytes, os.PathLike)):
+        value = [value]
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a path or an iterable of paths (str or os.PathLike)") from None
+    if not all(isinstance(item, (str, os.PathLike)) for item in items):
+        raise TypeError(f"{name} must be a path or an iterable of paths (str or os.PathLike)")
+    if not items:
+        raise OptionError(f"{name}: no model given")
+    return [os.fsdecode(os.fspath(item)) for item in items]
+
+
+def _named_error(error, path):
+    """The exception as the CLI names a failed model: its message begins with the model's path."""
+    message = str(error)
+    if message.startswith(f"{path}: "):
+        return error
+    return type(error)(f"{path}: {message}")
+
+
+def _fold_planned(input_path, output, report_path, options, dry_run, in_place, backup_suffix):
+    """Folds one model of fold_many (without the GIL in the library); failures are results, as in the CLI."""
+    try:
+        result = _native.fold_path(input=input_path, output=output, report="" if dry_run else report_path,
+                                   dry_run=dry_run, in_place=in_place, backup_suffix=backup_suffix, options=options,
+                                   create_folders=True)
+    except Error as error:
+        return FoldResult(input_path, output or None, "failed", error=_named_error(error, input_path)), None
+    report = result["report"]
+    written_report = report_path if report_path and not dry_run else None
+    failures = result["verify_failures"]
+    if failures:
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        error = VerificationError(f"{input_path}: {failures[0]}{more}; no model written", report, failures)
+        return FoldResult(input_path, output or None, "failed", report, written_report, error), result
+    status = "dry-run" if dry_run else "unchanged" if result["unchanged"] else "ok"
+    return FoldResult(input_path, output or None, status, report, written_report), result
+
+
+def fold_many(models, *, out_dir=None, report_dir=None, in_place=False, backup_suffix=None, dry_run=False, jobs=0,
+              rules="default", keep=(), keep_op=(), input_defaults_are_constant=False, freeze_train_bn=False,
+              equalize=False, max_constant_size=64.0, verify=False, absorb_high_bias=False, timings=False):
+    """Fold many model files as ``bnfold fold IN... --out-dir DIR`` (or ``--in-place``) does; returns a list of
+    ``FoldResult``, one per model in the order the CLI lists them.
+
+    models: a path or an iterable of paths: model files, and folders searched recursively for ``*.onnx`` (sorted
+        by their path below the folder; a model reached twice is folded once).
+    out_dir: write each model under this folder, mirroring the inputs' layout (``--out-dir``); folders are made.
+    report_dir: write each model's report under this folder (``--report-dir``; default: beside the written model,
+        ``<model>.report.json``).
+    in_place: replace each input atomically, only when something changed (``--in-place``); ``backup_suffix``
+        keeps each original as ``<model><suffix>``.
+    dry_run: run the rules and write nothing (no model, no report).
+    jobs: models folded at once, on threads (``--jobs``; 0: one per core).
+    The rule keywords and ``timings`` are those of ``fold``.
+
+    One model that fails does not stop the others: its result has status "failed" and the exception in ``error``
+    (e.g. ``[r.error for r in results if not r.ok]``). Raises at once, before any model is folded, OptionError for
+    a bad keyword and Error when a folder holds no model or two models would be written to the same file.
+    """
+    inputs = _paths(models, "models")
+    options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize,
+                              max_constant_size, verify, absorb_high_bias)
+    out_dir = _optional_path(out_dir, "out_dir")
+    report_dir = _optional_path(report_dir, "report_dir")
+    if out_dir and in_place:
+        raise OptionError("choose one of out_dir= and in_place=True")
+    if backup_suffix is not None and not in_place:
+        raise OptionError("backup_suffix only applies to in_place=True")
+    if not out_dir and not in_place and not dry_run:
+        raise OptionError("say where to write: out_dir= or in_place=True (or dry_run=True to write nothing)")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
+        raise OptionError(f"jobs must be a whole number of models at once, 0 for one per core, not {jobs!r}")
+    planned = _native.plan_fold_batch(inputs=inputs, out_dir=out_dir, report_dir=report_dir, in_place=bool(in_place))
+
+    def fold_one(item):
+        input_path, output, report_path = item
+        return _fold_planned(input_path, output, report_path, options, bool(dry_run), bool(in_place),
+                             backup_suffix or "")
+
+    workers = min(jobs or os.cpu_count() or 1, len(planned))
+    with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
+        runs = list(pool.map(fold_one, planned))
+    # Warnings and timings in input order, whatever order the threads finished in.
+    for result, native in runs:
+        if native is None or result.status == "failed":
+            continue
+        _warn_as_cli(result.input, result.report, native, stacklevel=3)
+        if timings:
+            load, rules_seconds, save = native["timings"]
+            print(f"bnfold: timings: {result.input}: load {load:.4f} s, rules {rules_seconds:.4f} s, save {save:.4f} s, "
+                  f"total {load + rules_seconds + save:.4f} s", file=sys.stderr)
+    return [result for result, _ in runs]
 
 
 def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(),

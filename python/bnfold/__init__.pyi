@@ -42,6 +42,25 @@ def fold(model: PathLike, *, output: Optional[PathLike] = ..., report: Optional[
          absorb_high_bias: bool = ..., dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
          timings: bool = ..., base_dir: None = ...) -> Tuple[Optional[str], Report]: ...
 
+class FoldResult:
+    input: str
+    output: Optional[str]
+    status: str
+    report: Optional[Report]
+    report_path: Optional[str]
+    error: Optional[Error]
+    def __init__(self, input: str, output: Optional[str], status: str, report: Optional[Report] = ...,
+                 report_path: Optional[str] = ..., error: Optional[Error] = ...) -> None: ...
+    @property
+    def ok(self) -> bool: ...
+
+def fold_many(models: Union[PathLike, Iterable[PathLike]], *, out_dir: Optional[PathLike] = ...,
+              report_dir: Optional[PathLike] = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
+              dry_run: bool = ..., jobs: int = ..., rules: Names = ..., keep: Names = ..., keep_op: Names = ...,
+              input_defaults_are_constant: bool = ..., freeze_train_bn: bool = ..., equalize: bool = ...,
+              max_constant_size: float = ..., verify: bool = ..., absorb_high_bias: bool = ...,
+              timings: bool = ...) -> List[FoldResult]: ...
+
 def check(model: Union[ModelProto, bytes, bytearray, memoryview, PathLike], *, fail_on: Names = ...,
           rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
           freeze_train_bn: bool = ..., equalize: bool = ..., max_constant_size: float = ..., verify: bool = ...,

@@ -14,8 +14,10 @@
 #include <vector>
 
 #include "bnfold/api/api.h"
+#include "bnfold/api/batch.h"
 #include "bnfold/error.h"
 #include "bnfold/io/atomic_file.h"
+#include "bnfold/io/borrowed_model.h"
 #include "bnfold/io/model_io.h"
 #include "bnfold/version.h"
 
@@ -121,7 +123,8 @@ py::dict runResult(const bnfold::Report& report, const bnfold::FoldRun& run) {
 py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const std::string& baseDir,
                    const std::string& output, const std::string& reportPath, const bnfold::DriverOptions& options,
                    bool dryRun) {
-  const std::string_view bytes = data;  // immutable, and kept alive by the caller while the GIL is released
+  // Immutable, and kept alive by the caller while the GIL is released: the model borrows it, and is freed below.
+  const std::string_view bytes = data;
   std::unique_ptr<bnfold::Model> model;
   bnfold::Report report;
   bnfold::FoldRun run;
@@ -131,7 +134,7 @@ py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const s
     // Bad destinations fail before any work, as in the CLI.
     if (writes) bnfold::destinationOf(output);
     if (!reportPath.empty()) bnfold::destinationOf(reportPath);
-    model = bnfold::modelFromBytes(bytes, sourceName, baseDir);
+    model = bnfold::modelFromBorrowedBytes(bytes, sourceName, baseDir);
     report.setInput(sourceName);
     if (!output.empty()) report.setOutput(output);
     run = bnfold::foldModel(*model, options, report);
@@ -161,8 +164,10 @@ py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const s
   return result;
 }
 
+/// `createFolders`: make the folders of `output` and `reportPath` when missing (a batch mirrors its inputs' layout).
 py::dict foldPath(const std::string& input, const std::string& output, const std::string& reportPath, bool dryRun,
-                  bool inPlace, const std::string& backupSuffix, const bnfold::DriverOptions& options) {
+                  bool inPlace, const std::string& backupSuffix, const bnfold::DriverOptions& options,
+                  bool createFolders) {
   bnfold::FoldFileRequest request;
   request.input = input;
   request.output = output;
@@ -170,6 +175,7 @@ py::dict foldPath(const std::string& input, const std::string& output, const std
   request.dryRun = dryRun;
   request.inPlace = inPlace;
   request.backupSuffix = backupSuffix;
+  request.createFolders = createFolders;
   bnfold::FoldFileResult folded;
   withoutGil([&] {
     folded = bnfold::foldFile(request, options);
@@ -183,8 +189,19 @@ py::dict foldPath(const std::string& input, const std::string& output, const std
   return result;
 }
 
+/// The models of a batch fold and where each goes: a list of (input, output, report), "" where nothing is written.
+py::list planFoldBatch(const std::vector<std::string>& inputs, const std::string& outDir, const std::string& reportDir,
+                       bool inPlace) {
+  std::vector<bnfold::PlannedFold> planned;
+  withoutGil([&] { planned = bnfold::planBatchFold(inputs, bnfold::BatchDestinations{outDir, reportDir, inPlace}); });
+  py::list items;
+  for (const bnfold::PlannedFold& item : planned) items.append(py::make_tuple(item.model.path, item.output, item.report));
+  return items;
+}
+
 /// A model to read: a serialized ModelProto (`bytes`) or a file (`path`). Taken from the Python object while the
-/// GIL is held; the bytes object outlives the call.
+/// GIL is held; the bytes object is immutable and outlives the call, so the model borrows it (it is freed before
+/// the call returns).
 struct ModelSource {
   explicit ModelSource(const py::object& source) {
     if (py::isinstance<py::bytes>(source)) {
@@ -196,7 +213,7 @@ struct ModelSource {
   }
   std::unique_ptr<bnfold::Model> load(const std::string& sourceName, const std::string& baseDir,
                                       const bnfold::LoadOptions& loadOptions) const {
-    if (inMemory) return bnfold::modelFromBytes(bytes, sourceName, baseDir, loadOptions);
+    if (inMemory) return bnfold::modelFromBorrowedBytes(bytes, sourceName, baseDir, loadOptions);
     return bnfold::loadModel(path, loadOptions);
   }
   bool inMemory = false;
@@ -292,7 +309,9 @@ PYBIND11_MODULE(_native, m) {
   m.def("fold_bytes", &foldBytes, py::arg("data"), py::arg("source_name"), py::arg("base_dir"), py::arg("output"),
         py::arg("report"), py::arg("options"), py::arg("dry_run"));
   m.def("fold_path", &foldPath, py::arg("input"), py::arg("output"), py::arg("report"), py::arg("dry_run"),
-        py::arg("in_place"), py::arg("backup_suffix"), py::arg("options"));
+        py::arg("in_place"), py::arg("backup_suffix"), py::arg("options"), py::arg("create_folders") = false);
+  m.def("plan_fold_batch", &planFoldBatch, py::arg("inputs"), py::arg("out_dir"), py::arg("report_dir"),
+        py::arg("in_place"));
   m.def("check", &checkModel, py::arg("source"), py::arg("source_name"), py::arg("base_dir"), py::arg("fail_on"),
         py::arg("options"));
   m.def("info", &describe, py::arg("source"), py::arg("source_name"), py::arg("base_dir"),

@@ -91,6 +91,21 @@ conv_bn (float[1, 2, 4, 4] x) => (float[1, 3] y) <
 """
 
 
+# A real verification failure, no test hook (the C++ CLI test uses the same model): the Conv's bias 1e8 is cancelled
+# by the BN's mean 1e8. In float the original's c + 1e8 keeps only multiples of 8, while the folded bias
+# (B - mean) * k + beta is exactly 0, so the fold changes the model's numbers far beyond float's tolerance.
+LOSSY_FOLD_TEXT = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[1,2,4,4] x) => (float[1,2,4,4] y)
+<float[2,2,1,1] w = {1, 0.5, -0.25, 2}, float[2] bias = {100000000, 100000000}, float[2] s = {1, 1},
+ float[2] b = {0, 0}, float[2] m = {100000000, 100000000}, float[2] v = {1, 1}>
+{
+  c = Conv (x, w, bias)
+  y = BatchNormalization (c, s, b, m, v)
+}
+"""
+
+
 @pytest.fixture
 def conv_bn_model():
     model = parse_model(CONV_BN_TEXT)

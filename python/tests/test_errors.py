@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 import bnfold
-from conftest import run_cli, sample
+from conftest import LOSSY_FOLD_TEXT, parse_model, run_cli, sample
 
 
 def cli_error_line(*args):
@@ -96,3 +96,41 @@ def test_unwritable_outputs_fail_before_any_work_and_leave_the_input(tmp_path, c
     assert source.read_bytes() == original
     assert sorted(os.listdir(tmp_path)) == ["a_folder", "in.onnx"]
     assert list(folder.iterdir()) == []
+
+
+def test_a_rewrite_that_fails_verify_raises_verification_error_and_writes_no_model(tmp_path):
+    import json
+
+    model = parse_model(LOSSY_FOLD_TEXT)
+    source = tmp_path / "in.onnx"
+    onnx.save(model, source)
+    original = source.read_bytes()
+    code, _, err = run_cli("fold", source, "-o", tmp_path / "cli.onnx", "--verify")
+    assert code == 1 and not (tmp_path / "cli.onnx").exists()
+    cli_lines = [line[len(f"bnfold: {source}: "):] for line in err.splitlines()
+                 if line.startswith(f"bnfold: {source}: ")]
+    assert len(cli_lines) == 2 and cli_lines[1] == "1 of 1 rewrites failed verification; no model written"
+
+    # Without verify the same fold is written: the check is what refuses it.
+    folded, _ = bnfold.fold(model)
+    assert [node.op_type for node in folded.graph.node] == ["Conv"]
+
+    for kind, given in (("path", source), ("ModelProto", model), ("bytes", original)):
+        output, report_path = tmp_path / f"{kind}.onnx", tmp_path / f"{kind}.report.json"
+        with pytest.raises(bnfold.VerificationError) as raised:
+            bnfold.fold(given, output=output, report=report_path, verify=True)
+        error = raised.value
+        assert isinstance(error, bnfold.Error)
+        name = str(source) if kind == "path" else f"<{kind}>"
+        # The CLI's lines, with the model's name, joined: each failed rewrite, then the summary.
+        assert str(error) == f"{name}: " + "; ".join(cli_lines)
+        assert error.failures == cli_lines[:1]
+        assert "bn-fold of BatchNormalization" in error.failures[0] and "failed verification" in error.failures[0]
+        assert error.report["verification"]["failed"] == 1
+        assert error.report["folds"][0]["verify"]["passed"] is False
+        assert error.report["folds"][0]["verify"]["max_rel_error"] > error.report["folds"][0]["verify"]["tolerance"]
+        assert not output.exists(), kind
+        # The report says why, as the CLI's --report does.
+        assert json.loads(report_path.read_text())["verification"]["failed"] == 1
+    assert source.read_bytes() == original
+    assert onnx.ModelProto.FromString(original) == model

@@ -192,23 +192,36 @@ def test_base_dir_finds_external_data_of_an_in_memory_model(tmp_path):
         bnfold.fold(in_memory, base_dir=tmp_path / "elsewhere")
 
 
-# Options for many models at once; in Python a loop or threads over fold do that (docs/python.md).
-BATCH_ONLY_FLAGS = {"--out-dir", "--report-dir", "--jobs", "--help", "--help-all"}
+# Options only for many models at once (keywords of fold_many), and only for one (keywords of fold).
+BATCH_ONLY_FLAGS = {"--out-dir", "--report-dir", "--jobs"}
+SINGLE_ONLY_FLAGS = {"--output", "--report"}
 
 
-def test_every_cli_fold_option_is_a_keyword_of_fold_and_of_its_stub():
-    import ast
+def keyword_only(function):
     import inspect
+
+    return {name for name, parameter in inspect.signature(function).parameters.items()
+            if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def stub_keywords(name):
+    import ast
+
+    stub = ast.parse((pathlib.Path(bnfold.__file__).parent / "__init__.pyi").read_text())
+    overloads = [node for node in stub.body if isinstance(node, ast.FunctionDef) and node.name == name]
+    assert overloads
+    return [{arg.arg for arg in node.args.kwonlyargs} for node in overloads]
+
+
+def test_every_cli_fold_option_is_a_keyword_of_fold_or_fold_many_and_of_their_stubs():
     import re
 
     code, out, _ = run_cli("fold", "--help")
     assert code == 0
-    flags = set(re.findall(r"^  (?:-\w,)?(--[a-z-]+)", out, re.MULTILINE)) - BATCH_ONLY_FLAGS
-    assert {"--rules", "--verify", "--output"} <= flags
-    keywords = {name for name, parameter in inspect.signature(bnfold.fold).parameters.items()
-                if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert {flag[2:].replace("-", "_") for flag in flags} <= keywords
-
-    stub = ast.parse((pathlib.Path(bnfold.__file__).parent / "__init__.pyi").read_text())
-    overloads = [node for node in stub.body if isinstance(node, ast.FunctionDef) and node.name == "fold"]
-    assert overloads and all({arg.arg for arg in node.args.kwonlyargs} == keywords for node in overloads)
+    flags = set(re.findall(r"^  (?:-\w,)?(--[a-z-]+)", out, re.MULTILINE)) - {"--help", "--help-all"}
+    assert {"--rules", "--verify", "--output", "--out-dir", "--jobs"} <= flags
+    as_keywords = lambda chosen: {flag[2:].replace("-", "_") for flag in chosen}
+    assert as_keywords(flags - BATCH_ONLY_FLAGS) <= keyword_only(bnfold.fold)
+    assert as_keywords(flags - SINGLE_ONLY_FLAGS) <= keyword_only(bnfold.fold_many)
+    assert all(keywords == keyword_only(bnfold.fold) for keywords in stub_keywords("fold"))
+    assert stub_keywords("fold_many") == [keyword_only(bnfold.fold_many)]

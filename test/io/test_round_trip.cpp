@@ -10,6 +10,8 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/util/message_differencer.h>
 
+#include "bnfold/error.h"
+#include "bnfold/io/borrowed_model.h"
 #include "bnfold/io/model_io.h"
 #include "test_support.h"
 
@@ -293,8 +295,10 @@ TEST_CASE("every sample model round-trips byte for byte", "[io][round-trip]") {
   }
 }
 
-TEST_CASE("large raw_data stays in the file until read, and is spliced back on save", "[io][deferred]") {
-  TempDir dir;
+namespace {
+
+// An initializer "big" whose raw_data (4096 floats: i * 0.5 - 7) is large enough to be deferred, and a "small" one.
+onnx::ModelProto largeAndSmallInitializers() {
   onnx::ModelProto proto = bnfold::test::parseModelProto(R"ONNX(
 <ir_version: 8, opset_import: ["" : 15]>
 g (float[4096] x) => (float[4096] y)
@@ -310,6 +314,15 @@ g (float[4096] x) => (float[4096] y)
   big->clear_float_data();
   big->set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
   big->set_doc_string("stays");
+  return proto;
+}
+
+}  // namespace
+
+TEST_CASE("large raw_data stays in the file until read, and is spliced back on save", "[io][deferred]") {
+  TempDir dir;
+  onnx::ModelProto proto = largeAndSmallInitializers();
+  const onnx::TensorProto* big = &proto.graph().initializer(0);
   std::string bytes;
   proto.SerializeToString(&bytes);
   writeFile(dir.file("in.onnx"), bytes);
@@ -327,6 +340,78 @@ g (float[4096] x) => (float[4096] y)
   onnx::ModelProto copy = modelToProto(*model);
   CHECK(copy.graph().initializer(0).raw_data() == big->raw_data());
   CHECK(google::protobuf::util::MessageDifferencer::Equals(copy, proto));
+}
+
+namespace {
+
+// What serializeModel writes, as a string.
+std::string serialized(Model& model) {
+  std::string bytes;
+  serializeModel(model, [&bytes](std::size_t size) {
+    bytes.resize(size);
+    return bytes.data();
+  });
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("a model in memory: large raw_data is read where it lies and serialized back byte for byte",
+          "[io][deferred]") {
+  std::string bytes;
+  largeAndSmallInitializers().SerializeToString(&bytes);
+  LoadOptions keepNames;
+  keepNames.nameUnnamedNodes = false;
+
+  SECTION("borrowed: the tensor's bytes are the caller's") {
+    auto model = modelFromBorrowedBytes(bytes, "<bytes>", ".", keepNames);
+    const Tensor* loaded = model->graph().findLocal("big")->initializer();
+    REQUIRE(loaded->deferredRawData() != nullptr);
+    const std::string_view held = loaded->bytes();
+    CHECK(held.data() >= bytes.data());
+    CHECK(held.data() + held.size() <= bytes.data() + bytes.size());
+    CHECK(loaded->toDoubles()[5] == Approx(-4.5));
+    CHECK(model->graph().findLocal("small")->initializer()->deferredRawData() == nullptr);
+    CHECK(serialized(*model) == bytes);
+  }
+  SECTION("copied: the caller may change its buffer at once") {
+    std::string scratch = bytes;
+    auto model = modelFromBytes(scratch, "<bytes>", ".", keepNames);
+    std::fill(scratch.begin(), scratch.end(), '\0');
+    const Tensor* loaded = model->graph().findLocal("big")->initializer();
+    REQUIRE(loaded->deferredRawData() != nullptr);
+    CHECK(loaded->toDoubles()[5] == Approx(-4.5));
+    CHECK(serialized(*model) == bytes);
+  }
+  SECTION("saved to a file, the same bytes") {
+    TempDir dir;
+    auto model = modelFromBorrowedBytes(bytes, "<bytes>", ".", keepNames);
+    saveModel(*model, dir.file("out.onnx"));
+    CHECK(readFile(dir.file("out.onnx")) == bytes);
+  }
+  SECTION("truncated or empty bytes are invalid models") {
+    const std::string truncated = bytes.substr(0, bytes.size() - 100);
+    CHECK_THROWS_AS(modelFromBorrowedBytes(truncated, "<bytes>"), InvalidModelError);
+    CHECK_THROWS_WITH(modelFromBorrowedBytes(truncated, "<bytes>"),
+                      "<bytes>: not a valid ONNX model: the protobuf cannot be parsed (corrupt or truncated bytes)");
+    CHECK_THROWS_WITH(modelFromBytes("", "<bytes>"), Catch::Contains("empty"));
+  }
+}
+
+TEST_CASE("every sample model and the rich model round-trip through memory byte for byte", "[io][round-trip]") {
+  LoadOptions keepNames;
+  keepNames.nameUnnamedNodes = false;
+  std::vector<std::pair<std::string, std::string>> models;
+  std::string rich;
+  richModel().SerializeToString(&rich);
+  models.emplace_back("rich", rich);
+  for (const auto& entry : std::filesystem::directory_iterator(bnfold::test::sourceDir() + "/models"))
+    if (entry.path().extension() == ".onnx") models.emplace_back(entry.path().string(), readFile(entry.path().string()));
+  for (const auto& [name, bytes] : models) {
+    INFO(name);
+    auto model = modelFromBorrowedBytes(bytes, name, ".", keepNames);
+    CHECK(serialized(*model) == bytes);
+  }
 }
 
 namespace {

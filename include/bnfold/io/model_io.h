@@ -29,8 +29,8 @@ std::unique_ptr<Model> loadModel(const std::string& path, const LoadOptions& opt
 std::unique_ptr<Model> modelFromProto(onnx::ModelProto&& proto, const std::string& sourceName = "<memory>",
                                       const std::string& baseDir = ".", const LoadOptions& options = {});
 
-/// Builds the IR from a serialized ModelProto held in memory (e.g. the bytes of a Python object), without taking
-/// it over: the bytes are parsed once into the model. Throws bnfold::Error naming `sourceName`.
+/// Builds the IR from a serialized ModelProto held in memory; the model copies the bytes (the caller may free them
+/// at once; bnfold/io/borrowed_model.h lends them instead). Throws bnfold::InvalidModelError naming `sourceName`.
 std::unique_ptr<Model> modelFromBytes(std::string_view bytes, const std::string& sourceName = "<memory>",
                                       const std::string& baseDir = ".", const LoadOptions& options = {});
 
