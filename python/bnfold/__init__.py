@@ -145,9 +145,18 @@ def _finish(result, name):
     return report
 
 
+def _target_opset(target_opset):
+    if target_opset is None:
+        return 0
+    if isinstance(target_opset, bool) or not isinstance(target_opset, int) or target_opset < 1:
+        raise OptionError(f"target_opset must be a positive int, not {target_opset!r}")
+    return target_opset
+
+
 def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(),
          input_defaults_are_constant=False, freeze_train_bn=False, equalize=False, max_constant_size=64.0,
-         verify=False, absorb_high_bias=False, dry_run=False, in_place=False, backup_suffix=None, timings=False, base_dir=None):
+         verify=False, absorb_high_bias=False, dry_run=False, in_place=False, backup_suffix=None, timings=False, base_dir=None,
+         target_opset=None):
     """Rewrite a model as ``bnfold fold`` does; returns ``(model, report)``.
 
     model: an ``onnx.ModelProto`` or ``bytes`` (the result is of the same kind; the argument is not changed), or
@@ -175,6 +184,9 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
     in_place: with a path, replace the input (only when something changed); ``backup_suffix`` keeps the original.
     timings: print the wall time of load, rules and save to stderr, as ``--timings`` does (paths only).
     base_dir: where external data of an in-memory model is found (default: the current folder).
+    target_opset: convert the model to this ai.onnx opset (up to 17) with ONNX's version converter before the
+        rules (``--target-opset``); a model it cannot convert, or whose functions or external data it would drop,
+        raises Error. The report's ``opset_converted`` says from which opset.
 
     The report is a dict in the report's schema (schema/report.schema.json): ``report["folds"]`` lists each
     BatchNormalization folded, ``report["skipped"]`` each left in place with its reason.
@@ -195,7 +207,8 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
             raise OptionError("timings=True needs a model given as a path")
         name = _source_name(kind)
         result = _native.fold_bytes(data=source, source_name=name, base_dir=_base_dir(base_dir), output=output_path,
-                                    report=report_path, options=options, dry_run=bool(dry_run))
+                                    report=report_path, options=options, dry_run=bool(dry_run),
+                                    target_opset=_target_opset(target_opset))
         parsed = _finish(result, name)
         if dry_run:
             return None, parsed
@@ -215,7 +228,8 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
     if base_dir is not None:
         raise OptionError("base_dir is for in-memory models; a path's external data is found beside it")
     result = _native.fold_path(input=source, output=output_path, report=report_path, dry_run=bool(dry_run),
-                               in_place=bool(in_place), backup_suffix=backup_suffix or "", options=options)
+                               in_place=bool(in_place), backup_suffix=backup_suffix or "", options=options,
+                               target_opset=_target_opset(target_opset))
     parsed = _finish(result, source)
     if timings:
         load, rules_seconds, save = result["timings"]
@@ -226,7 +240,7 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
 
 def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(),
           input_defaults_are_constant=False, freeze_train_bn=False, equalize=False, max_constant_size=64.0,
-          verify=False, absorb_high_bias=False, base_dir=None):
+          verify=False, absorb_high_bias=False, base_dir=None, target_opset=None):
     """List what ``fold`` would change and what stops it, as ``bnfold check`` does; never writes anything.
 
     Returns a list of dicts, one per finding: ``category`` (see ``bnfold.finding_categories()``), ``severity``
@@ -242,7 +256,7 @@ def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(
         fail_on = ",".join(_names(fail_on, "fail_on"))
     name = source if kind == "path" else _source_name(kind)
     return _native.check(source=source, source_name=name, base_dir=_base_dir(base_dir), fail_on=fail_on,
-                         options=options)
+                         options=options, target_opset=_target_opset(target_opset))
 
 
 def info(model, *, weights=False, rules="default", keep=(), keep_op=(), input_defaults_are_constant=False,

@@ -28,24 +28,28 @@ def fold(model: _InMemory, *, output: Optional[PathLike] = ..., report: Optional
          rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
          freeze_train_bn: bool = ..., equalize: bool = ..., max_constant_size: float = ..., verify: bool = ...,
          absorb_high_bias: bool = ..., dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
-         timings: bool = ..., base_dir: Optional[PathLike] = ...) -> Tuple[Optional[_InMemory], Report]: ...
+         timings: bool = ..., base_dir: Optional[PathLike] = ...,
+         target_opset: Optional[int] = ...) -> Tuple[Optional[_InMemory], Report]: ...
 @overload
 def fold(model: Union[bytearray, memoryview], *, output: Optional[PathLike] = ..., report: Optional[PathLike] = ...,
          rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
          freeze_train_bn: bool = ..., equalize: bool = ..., max_constant_size: float = ..., verify: bool = ...,
          absorb_high_bias: bool = ..., dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
-         timings: bool = ..., base_dir: Optional[PathLike] = ...) -> Tuple[Optional[bytes], Report]: ...
+         timings: bool = ..., base_dir: Optional[PathLike] = ...,
+         target_opset: Optional[int] = ...) -> Tuple[Optional[bytes], Report]: ...
 @overload
 def fold(model: PathLike, *, output: Optional[PathLike] = ..., report: Optional[PathLike] = ...,
          rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
          freeze_train_bn: bool = ..., equalize: bool = ..., max_constant_size: float = ..., verify: bool = ...,
          absorb_high_bias: bool = ..., dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
-         timings: bool = ..., base_dir: None = ...) -> Tuple[Optional[str], Report]: ...
+         timings: bool = ..., base_dir: None = ...,
+         target_opset: Optional[int] = ...) -> Tuple[Optional[str], Report]: ...
 
 def check(model: Union[ModelProto, bytes, bytearray, memoryview, PathLike], *, fail_on: Names = ...,
           rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
           freeze_train_bn: bool = ..., equalize: bool = ..., max_constant_size: float = ..., verify: bool = ...,
-          absorb_high_bias: bool = ..., base_dir: Optional[PathLike] = ...) -> List[Finding]: ...
+          absorb_high_bias: bool = ..., base_dir: Optional[PathLike] = ...,
+          target_opset: Optional[int] = ...) -> List[Finding]: ...
 def info(model: Union[ModelProto, bytes, bytearray, memoryview, PathLike], *, weights: bool = ...,
          rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
          freeze_train_bn: bool = ..., max_constant_size: float = ...,

@@ -120,7 +120,7 @@ py::dict runResult(const bnfold::Report& report, const bnfold::FoldRun& run) {
 /// and, when `output` is given, the model saved there as `bnfold fold -o` saves it.
 py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const std::string& baseDir,
                    const std::string& output, const std::string& reportPath, const bnfold::DriverOptions& options,
-                   bool dryRun) {
+                   bool dryRun, int64_t targetOpset) {
   const std::string_view bytes = data;  // immutable, and kept alive by the caller while the GIL is released
   std::unique_ptr<bnfold::Model> model;
   bnfold::Report report;
@@ -131,7 +131,8 @@ py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const s
     // Bad destinations fail before any work, as in the CLI.
     if (writes) bnfold::destinationOf(output);
     if (!reportPath.empty()) bnfold::destinationOf(reportPath);
-    model = bnfold::modelFromBytes(bytes, sourceName, baseDir);
+    model = targetOpset > 0 ? bnfold::modelFromBytesAtOpset(bytes, sourceName, baseDir, targetOpset, &report)
+                            : bnfold::modelFromBytes(bytes, sourceName, baseDir);
     report.setInput(sourceName);
     if (!output.empty()) report.setOutput(output);
     run = bnfold::foldModel(*model, options, report);
@@ -162,8 +163,10 @@ py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const s
 }
 
 py::dict foldPath(const std::string& input, const std::string& output, const std::string& reportPath, bool dryRun,
-                  bool inPlace, const std::string& backupSuffix, const bnfold::DriverOptions& options) {
+                  bool inPlace, const std::string& backupSuffix, const bnfold::DriverOptions& options,
+                  int64_t targetOpset) {
   bnfold::FoldFileRequest request;
+  request.targetOpset = targetOpset;
   request.input = input;
   request.output = output;
   request.reportPath = reportPath;
@@ -196,6 +199,15 @@ struct ModelSource {
   }
   std::unique_ptr<bnfold::Model> load(const std::string& sourceName, const std::string& baseDir,
                                       const bnfold::LoadOptions& loadOptions) const {
+    return load(sourceName, baseDir, loadOptions, 0, nullptr);
+  }
+  /// With targetOpset > 0 the model is converted first (bnfold::loadModelAtOpset), recorded in `report`.
+  std::unique_ptr<bnfold::Model> load(const std::string& sourceName, const std::string& baseDir,
+                                      const bnfold::LoadOptions& loadOptions, int64_t targetOpset,
+                                      bnfold::Report* report) const {
+    if (targetOpset > 0)
+      return inMemory ? bnfold::modelFromBytesAtOpset(bytes, sourceName, baseDir, targetOpset, report)
+                      : bnfold::loadModelAtOpset(path, targetOpset, report);
     if (inMemory) return bnfold::modelFromBytes(bytes, sourceName, baseDir, loadOptions);
     return bnfold::loadModel(path, loadOptions);
   }
@@ -206,7 +218,7 @@ struct ModelSource {
 
 /// The findings `bnfold check` prints for one model, as a list of dicts.
 py::object checkModel(const py::object& source, const std::string& sourceName, const std::string& baseDir,
-                       const std::string& failOnText, const bnfold::DriverOptions& options) {
+                       const std::string& failOnText, const bnfold::DriverOptions& options, int64_t targetOpset) {
   std::set<std::string> failOn;
   try {
     failOn = bnfold::parseFailOn(failOnText);
@@ -216,8 +228,8 @@ py::object checkModel(const py::object& source, const std::string& sourceName, c
   const ModelSource modelSource(source);
   nlohmann::json findings = nlohmann::json::array();
   withoutGil([&] {
-    std::unique_ptr<bnfold::Model> model = modelSource.load(sourceName, baseDir, {});
     bnfold::Report report;
+    std::unique_ptr<bnfold::Model> model = modelSource.load(sourceName, baseDir, {}, targetOpset, &report);
     report.setInput(sourceName);
     bnfold::foldModel(*model, options, report);  // rewrites in memory only; nothing is saved
     for (const bnfold::Finding& finding : bnfold::findingsOf(*model, report, failOn, options.ruleOptions)) {
@@ -290,11 +302,11 @@ PYBIND11_MODULE(_native, m) {
         py::arg("verify"), py::arg("absorb_high_bias"));
   py::class_<bnfold::DriverOptions>(m, "DriverOptions", "Validated rule settings (from driver_options).");
   m.def("fold_bytes", &foldBytes, py::arg("data"), py::arg("source_name"), py::arg("base_dir"), py::arg("output"),
-        py::arg("report"), py::arg("options"), py::arg("dry_run"));
+        py::arg("report"), py::arg("options"), py::arg("dry_run"), py::arg("target_opset") = 0);
   m.def("fold_path", &foldPath, py::arg("input"), py::arg("output"), py::arg("report"), py::arg("dry_run"),
-        py::arg("in_place"), py::arg("backup_suffix"), py::arg("options"));
+        py::arg("in_place"), py::arg("backup_suffix"), py::arg("options"), py::arg("target_opset") = 0);
   m.def("check", &checkModel, py::arg("source"), py::arg("source_name"), py::arg("base_dir"), py::arg("fail_on"),
-        py::arg("options"));
+        py::arg("options"), py::arg("target_opset") = 0);
   m.def("info", &describe, py::arg("source"), py::arg("source_name"), py::arg("base_dir"),
         py::arg("weights_options") = nullptr);
   m.def("rules", [] {
