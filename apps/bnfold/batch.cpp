@@ -34,6 +34,10 @@ void addRuleFlags(CLI::App& command, RuleFlags& flags) {
                      "constants (Identity, Cast, Reshape, Add(var, eps), ...)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  command.add_option("--target-opset", flags.targetOpset,
+                     "Convert the model to this ai.onnx opset (up to 17) with ONNX's version converter before the "
+                     "rules, e.g. so norm-fuse can emit LayerNormalization; a model it cannot convert is refused")
+      ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   command.add_flag("--verify", flags.verify,
                    "Check every rewrite numerically: evaluate the original and the rewritten nodes on seeded random "
                    "inputs; a rewrite outside its tolerance fails the run (exit code 1, no model written)");

@@ -39,13 +39,14 @@ struct ModelCheck {
   std::vector<Finding> findings;
 };
 
-ModelCheck checkOne(const ModelFile& file, const DriverOptions& driverOptions, const std::set<std::string>& failOn) {
+ModelCheck checkOne(const ModelFile& file, const DriverOptions& driverOptions, int64_t targetOpset,
+                    const std::set<std::string>& failOn) {
   ModelCheck result;
   result.file = file.path;
   try {
-    auto model = loadModel(file.path);
-    result.opset = model->opsetVersion("");
     Report report;
+    auto model = targetOpset > 0 ? loadModelAtOpset(file.path, targetOpset, &report) : loadModel(file.path);
+    result.opset = model->opsetVersion("");
     report.setInput(file.path);
     foldModel(*model, driverOptions, report);  // the model is changed in memory only; it is never saved
     result.findings = findingsOf(*model, report, failOn, driverOptions.ruleOptions);
@@ -219,7 +220,7 @@ int runCheck(const CheckOptions& options) {
   std::vector<ModelCheck> checks(files.size());
   runInParallel(
       files.size(), effectiveJobs(options.jobs),
-      [&](std::size_t i) { checks[i] = checkOne(files[i], driverOptions, failOn); }, [](std::size_t) {});
+      [&](std::size_t i) { checks[i] = checkOne(files[i], driverOptions, options.ruleFlags.targetOpset, failOn); }, [](std::size_t) {});
   const Totals totals = totalsOf(checks);
   if (options.format == "json") printJson(checks, totals, failOn, driverOptions.rules);
   else if (options.format == "ndjson") printNdjson(checks);

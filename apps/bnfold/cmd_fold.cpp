@@ -130,6 +130,7 @@ int runSingle(const FoldOptions& options) {
   request.output = options.output;
   request.reportPath = options.report == "-" ? "" : options.report;
   request.dryRun = options.dryRun;
+  request.targetOpset = options.ruleFlags.targetOpset;
   FoldFileResult result = foldFile(request, driverOptions);
   noteRun(input, result);
   const Report& report = result.report;
@@ -176,6 +177,7 @@ Outcome foldOne(const PlannedFold& item, const FoldOptions& options, const Drive
     request.inPlace = options.inPlace;
     request.backupSuffix = options.backupSuffix;
     request.createFolders = true;
+    request.targetOpset = options.ruleFlags.targetOpset;
     const FoldFileResult result = foldFile(request, driverOptions);
     noteRun(item.model.path, result);
     outcome.times = result.times;

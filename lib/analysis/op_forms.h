@@ -20,5 +20,7 @@ inline constexpr int64_t kBatchNormIsTestRemovedOpset = 7;
 inline constexpr int64_t kBatchNormSpatialRemovedOpset = 9;
 inline constexpr int64_t kBatchNormTrainingModeOpset = 14;
 inline constexpr int64_t kBatchNormMixedTypesOpset = 15;
+/// GroupNormalization-18 takes scale and bias per group; -21 per channel, with a stash_type.
+inline constexpr int64_t kGroupNormPerChannelOpset = 21;
 
 }  // namespace bnfold

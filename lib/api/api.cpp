@@ -11,6 +11,11 @@
 #include "bnfold/io/atomic_file.h"
 #include "bnfold/io/model_io.h"
 
+#include <climits>
+#include <fstream>
+
+#include <onnx/version_converter/convert.h>
+
 namespace bnfold {
 namespace fs = std::filesystem;
 
@@ -82,6 +87,108 @@ class PhaseClock {
 
 }  // namespace
 
+namespace {
+
+int64_t defaultDomainOpset(const onnx::ModelProto& proto) {
+  for (const auto& import : proto.opset_import())
+    if (import.domain().empty() || import.domain() == "ai.onnx") return import.version();
+  return 0;
+}
+
+bool holdsExternalData(const onnx::GraphProto& graph) {
+  for (const auto& tensor : graph.initializer())
+    if (tensor.data_location() == onnx::TensorProto::EXTERNAL) return true;
+  for (const auto& node : graph.node())
+    for (const auto& attribute : node.attribute()) {
+      if (attribute.has_t() && attribute.t().data_location() == onnx::TensorProto::EXTERNAL) return true;
+      if (attribute.has_g() && holdsExternalData(attribute.g())) return true;
+      for (const auto& subgraph : attribute.graphs())
+        if (holdsExternalData(subgraph)) return true;
+    }
+  return false;
+}
+
+// What libonnx 1.12's converter (its IR round trip) loses; checked because a fold must keep it.
+std::string whatConversionWouldDrop(const onnx::ModelProto& proto) {
+  if (proto.functions_size() > 0) return std::to_string(proto.functions_size()) + " local function(s)";
+  if (proto.training_info_size() > 0) return "training info";
+  if (proto.graph().sparse_initializer_size() > 0) return "sparse initializers";
+  if (holdsExternalData(proto.graph())) return "tensors in external data";
+  return "";
+}
+
+bool sameMetadata(const onnx::ModelProto& a, const onnx::ModelProto& b) {
+  if (a.metadata_props_size() != b.metadata_props_size()) return false;
+  for (int i = 0; i < a.metadata_props_size(); ++i)
+    if (a.metadata_props(i).key() != b.metadata_props(i).key() ||
+        a.metadata_props(i).value() != b.metadata_props(i).value())
+      return false;
+  return true;
+}
+
+}  // namespace
+
+namespace {
+
+std::string refusal(int64_t targetOpset) { return "cannot convert to opset " + std::to_string(targetOpset) + ": "; }
+
+void checkTargetOpset(const std::string& name, int64_t targetOpset) {
+  if (targetOpset > kNewestConvertibleOpset)
+    throw Error(name, refusal(targetOpset) + "libonnx's version converter knows ai.onnx opsets up to " +
+                          std::to_string(kNewestConvertibleOpset));
+}
+
+// The model of `original` converted to `targetOpset`, or null when it is at that opset already.
+std::unique_ptr<Model> convertedModel(const onnx::ModelProto& original, const std::string& name,
+                                      const std::string& baseDir, int64_t targetOpset, Report* report) {
+  const std::string refused = refusal(targetOpset);
+  const int64_t from = defaultDomainOpset(original);
+  if (targetOpset < from)
+    throw Error(name, refused + "the model is at opset " + std::to_string(from) + " already (--target-opset only raises it)");
+  if (targetOpset == from) return nullptr;
+  const std::string dropped = whatConversionWouldDrop(original);
+  if (!dropped.empty()) throw Error(name, refused + "the model has " + dropped + ", which libonnx's version converter drops");
+  onnx::ModelProto converted;
+  try {
+    converted = onnx::version_conversion::ConvertVersion(original, static_cast<int>(targetOpset));
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    throw Error(name, refused + "libonnx's version converter failed: " + what);
+  }
+  if (!sameMetadata(original, converted))
+    throw Error(name, refused + "libonnx's version converter did not keep the model's metadata");
+  std::unique_ptr<Model> model = modelFromProto(std::move(converted), name, baseDir);
+  if (report) report->setOpsetConversion(from, targetOpset);
+  return model;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> loadModelAtOpset(const std::string& path, int64_t targetOpset, Report* report) {
+  checkTargetOpset(path, targetOpset);
+  onnx::ModelProto original;
+  {
+    std::ifstream file(path, std::ios::binary);
+    if (!file || !original.ParseFromIstream(&file))
+      throw Error(path, refusal(targetOpset) + "the file cannot be read as a model");
+  }
+  const fs::path folder = fs::path(path).parent_path();
+  std::unique_ptr<Model> model =
+      convertedModel(original, path, folder.empty() ? "." : folder.string(), targetOpset, report);
+  return model ? std::move(model) : loadModel(path);
+}
+
+std::unique_ptr<Model> modelFromBytesAtOpset(std::string_view bytes, const std::string& sourceName,
+                                             const std::string& baseDir, int64_t targetOpset, Report* report) {
+  checkTargetOpset(sourceName, targetOpset);
+  onnx::ModelProto original;
+  if (bytes.size() > static_cast<std::size_t>(INT_MAX) || !original.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    throw Error(sourceName, refusal(targetOpset) + "the bytes cannot be read as a model");
+  std::unique_ptr<Model> model = convertedModel(original, sourceName, baseDir, targetOpset, report);
+  return model ? std::move(model) : modelFromBytes(bytes, sourceName, baseDir);
+}
+
 FoldFileResult foldFile(const FoldFileRequest& request, const DriverOptions& options) {
   const std::string& input = request.input;
   const bool writesModel = !request.dryRun && !request.output.empty();
@@ -101,7 +208,7 @@ FoldFileResult foldFile(const FoldFileRequest& request, const DriverOptions& opt
 
   FoldFileResult result;
   PhaseClock clock;
-  result.model = loadModel(input);
+  result.model = request.targetOpset > 0 ? loadModelAtOpset(input, request.targetOpset, &result.report) : loadModel(input);
   clock.lap(result.times.load);
   result.report.setInput(input);
   if (!request.output.empty()) result.report.setOutput(request.output);

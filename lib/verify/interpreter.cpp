@@ -388,6 +388,43 @@ class Evaluator {
     setOutput(node, 0, moveData(x, [&](const auto& a) { return slice(a, starts, ends, axes, steps); }));
   }
 
+  // stash_type (the type the statistics are computed in): float by default; double keeps our double arithmetic.
+  StashRounding stashRounding(const RegionNode& node) {
+    switch (static_cast<DataType>(intAttribute(node, "stash_type", static_cast<int64_t>(DataType::Float)))) {
+      case DataType::Float: return [](double v) { return roundedTo(DataType::Float, v); };
+      case DataType::Float16: return [](double v) { return roundedTo(DataType::Float16, v); };
+      case DataType::BFloat16: return [](double v) { return roundedTo(DataType::BFloat16, v); };
+      case DataType::Double: return nullptr;
+      default: throw EvaluationError(describe(node) + ": stash_type is not a floating type");
+    }
+  }
+
+  void evaluateNormalization(const RegionNode& node) {
+    const Operand<T>& x = input(node, 0);
+    const double epsilon = floatAttribute(node, "epsilon", 1e-5);
+    const std::string& op = node.opType;
+    if (op == "LayerNormalization") {
+      auto result = layerNormalization(real(node, 0), real(node, 1), optionalReal(node, 2), intAttribute(node, "axis", -1),
+                                       epsilon, stashRounding(node));
+      const auto stashType = static_cast<DataType>(intAttribute(node, "stash_type", static_cast<int64_t>(DataType::Float)));
+      setReal(node, 0, x.type, std::move(result.y));
+      setReal(node, 1, stashType, std::move(result.mean));
+      setReal(node, 2, stashType, std::move(result.invStdDev));
+    } else if (op == "RMSNormalization") {
+      setReal(node, 0, x.type,
+              rmsNormalization(real(node, 0), real(node, 1), intAttribute(node, "axis", -1), epsilon, stashRounding(node)));
+    } else if (op == "GroupNormalization") {
+      // GroupNormalization-18's scale and bias are per group, -21's per channel (and only -21 has stash_type).
+      const bool perChannel = region_.opset >= kGroupNormPerChannelOpset;
+      setReal(node, 0, x.type,
+              groupNormalization(real(node, 0), real(node, 1), real(node, 2), intAttribute(node, "num_groups", 0), epsilon,
+                                 perChannel ? GroupAffine::PerChannel : GroupAffine::PerGroup,
+                                 perChannel ? stashRounding(node) : nullptr));
+    } else {
+      setReal(node, 0, x.type, instanceNormalization(real(node, 0), real(node, 1), real(node, 2), epsilon));
+    }
+  }
+
   void evaluate(const RegionNode& node) {
     const std::string& op = node.opType;
     static const std::unordered_map<std::string, BinaryOp> binaryOps = {
@@ -422,6 +459,9 @@ class Evaluator {
       return;
     }
     if (op == "BatchNormalization") return evaluateBatchNorm(node);
+    if (op == "LayerNormalization" || op == "RMSNormalization" || op == "GroupNormalization" ||
+        op == "InstanceNormalization")
+      return evaluateNormalization(node);
     if (op == "LeakyRelu") {
       setReal(node, 0, input(node, 0).type, leakyRelu(real(node, 0), floatAttribute(node, "alpha", 0.01)));
       return;
@@ -508,6 +548,8 @@ bool isEvaluableOp(const std::string& op) {
                                     "Min",        "Identity",  "Sqrt",    "Reciprocal", "Neg",    "Relu",
                                     "LeakyRelu",  "PRelu",
                                     "Conv",       "ConvTranspose", "Gemm", "MatMul", "BatchNormalization",
+                                    "LayerNormalization", "RMSNormalization", "GroupNormalization",
+                                    "InstanceNormalization",
                                     "ReduceMean", "Reshape",   "Flatten", "Squeeze", "Unsqueeze", "Transpose",
                                     "Cast",       "Concat",    "Slice",   "Gather",  "Expand",    "ConstantOfShape",
                                     "Constant"};

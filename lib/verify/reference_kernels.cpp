@@ -628,6 +628,156 @@ BatchNormTraining<T> batchNormTraining(const Array<T>& x, const Array<T>& scale,
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Normalizations
+
+namespace {
+
+struct BlockStatistics {
+  std::vector<double> mean, invStdDev;
+};
+
+/// Mean and 1 / sqrt(var + epsilon) of each of `blocks` consecutive runs of `blockSize` elements. Without
+/// `subtractMean` the "variance" is the mean of squares (RMSNormalization) and the mean is reported as 0.
+template <typename T>
+BlockStatistics blockStatistics(const std::vector<T>& data, int64_t blocks, int64_t blockSize, double epsilon,
+                                bool subtractMean, StashRounding stash, const char* op) {
+  if (blockSize == 0 && blocks > 0) fail(std::string(op) + ": normalizes over no elements");
+  const auto round = [&](double v) { return stash ? stash(v) : v; };
+  BlockStatistics s;
+  s.mean.resize(static_cast<size_t>(blocks));
+  s.invStdDev.resize(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const T* in = data.data() + b * blockSize;
+    double sum = 0.0;
+    if (subtractMean)
+      for (int64_t i = 0; i < blockSize; ++i) sum += static_cast<double>(in[i]);
+    const double mean = round(sum / static_cast<double>(blockSize));
+    double squares = 0.0;
+    for (int64_t i = 0; i < blockSize; ++i) {
+      const double d = static_cast<double>(in[i]) - mean;
+      squares += d * d;
+    }
+    const double variance = round(squares / static_cast<double>(blockSize));
+    s.mean[static_cast<size_t>(b)] = mean;
+    s.invStdDev[static_cast<size_t>(b)] = round(1.0 / std::sqrt(variance + epsilon));
+  }
+  return s;
+}
+
+/// (x - mean[block]) * invStdDev[block] for every element.
+template <typename T>
+Array<T> normalizedBlocks(const Array<T>& x, const BlockStatistics& s, int64_t blockSize) {
+  Array<T> y = makeArray<T>(x.dims);
+  for (size_t e = 0; e < y.data.size(); ++e) {
+    const auto b = static_cast<size_t>(static_cast<int64_t>(e) / blockSize);
+    y.data[e] = static_cast<T>((static_cast<double>(x.data[e]) - s.mean[b]) * s.invStdDev[b]);
+  }
+  return y;
+}
+
+/// The element count before and from `axis` (the blocks and their size) of a trailing-axes normalization.
+template <typename T>
+std::pair<int64_t, int64_t> trailingBlocks(const Array<T>& x, int64_t& axis, const char* op) {
+  checkArray(x, op);
+  const auto rank = static_cast<int64_t>(x.dims.size());
+  if (rank == 0) fail(std::string(op) + ": X must have rank >= 1");
+  axis = normalizeAxis(axis, rank, op);
+  int64_t blocks = 1, blockSize = 1;
+  for (int64_t d = 0; d < rank; ++d) (d < axis ? blocks : blockSize) *= x.dims[static_cast<size_t>(d)];
+  return {blocks, blockSize};
+}
+
+/// y * scale (+ bias) with numpy broadcasting that must keep y's dims.
+template <typename T>
+Array<T> affineKeepingDims(Array<T> y, const Array<T>& scale, const Array<T>* bias, const char* op) {
+  const Dims dims = y.dims;
+  checkArray(scale, op);
+  y = binary(BinaryOp::Mul, y, scale);
+  if (bias) {
+    checkArray(*bias, op);
+    y = binary(BinaryOp::Add, y, *bias);
+  }
+  if (y.dims != dims) fail(std::string(op) + ": scale or bias broadcasts X " + formatDims(dims) + " to " + formatDims(y.dims));
+  return y;
+}
+
+}  // namespace
+
+template <typename T>
+LayerNormalizationResult<T> layerNormalization(const Array<T>& x, const Array<T>& scale, const Array<T>* bias,
+                                               int64_t axis, double epsilon, StashRounding stash) {
+  const auto [blocks, blockSize] = trailingBlocks(x, axis, "LayerNormalization");
+  const BlockStatistics s = blockStatistics(x.data, blocks, blockSize, epsilon, true, stash, "LayerNormalization");
+  LayerNormalizationResult<T> r;
+  r.y = affineKeepingDims(normalizedBlocks(x, s, blockSize), scale, bias, "LayerNormalization");
+  Dims statisticsDims = x.dims;
+  for (size_t d = static_cast<size_t>(axis); d < statisticsDims.size(); ++d) statisticsDims[d] = 1;
+  r.mean = makeArray<T>(statisticsDims);
+  r.invStdDev = makeArray<T>(statisticsDims);
+  for (size_t b = 0; b < s.mean.size(); ++b) {
+    r.mean.data[b] = static_cast<T>(s.mean[b]);
+    r.invStdDev.data[b] = static_cast<T>(s.invStdDev[b]);
+  }
+  return r;
+}
+
+template <typename T>
+Array<T> rmsNormalization(const Array<T>& x, const Array<T>& scale, int64_t axis, double epsilon, StashRounding stash) {
+  const auto [blocks, blockSize] = trailingBlocks(x, axis, "RMSNormalization");
+  const BlockStatistics s = blockStatistics(x.data, blocks, blockSize, epsilon, false, stash, "RMSNormalization");
+  return affineKeepingDims(normalizedBlocks(x, s, blockSize), scale, static_cast<const Array<T>*>(nullptr),
+                           "RMSNormalization");
+}
+
+template <typename T>
+Array<T> groupNormalization(const Array<T>& x, const Array<T>& scale, const Array<T>& bias, int64_t numGroups,
+                            double epsilon, GroupAffine affine, StashRounding stash) {
+  checkArray(x, "GroupNormalization");
+  if (x.dims.size() < 2) fail("GroupNormalization: X must have rank >= 2, got " + formatDims(x.dims));
+  const int64_t channels = x.dims[1];
+  if (numGroups <= 0 || channels % numGroups != 0)
+    fail("GroupNormalization: " + std::to_string(channels) + " channels do not split into " +
+         std::to_string(numGroups) + " groups");
+  const int64_t paramCount = affine == GroupAffine::PerGroup ? numGroups : channels;
+  for (const Array<T>* p : {&scale, &bias}) {
+    checkArray(*p, "GroupNormalization");
+    if (p->dims != Dims{paramCount})
+      fail("GroupNormalization: parameter " + formatDims(p->dims) + " is not [" + std::to_string(paramCount) + "]");
+  }
+  int64_t spatial = 1;
+  for (size_t d = 2; d < x.dims.size(); ++d) spatial *= x.dims[d];
+  const int64_t channelsPerGroup = channels / numGroups;
+  const int64_t blockSize = channelsPerGroup * spatial;
+  const BlockStatistics s =
+      blockStatistics(x.data, x.dims[0] * numGroups, blockSize, epsilon, true, stash, "GroupNormalization");
+  Array<T> y = normalizedBlocks(x, s, blockSize);
+  for (size_t e = 0; e < y.data.size(); ++e) {
+    const int64_t channel = (static_cast<int64_t>(e) / std::max<int64_t>(spatial, 1)) % channels;
+    const auto p = static_cast<size_t>(affine == GroupAffine::PerGroup ? channel / channelsPerGroup : channel);
+    y.data[e] = static_cast<T>(static_cast<double>(y.data[e]) * static_cast<double>(scale.data[p]) +
+                               static_cast<double>(bias.data[p]));
+  }
+  return y;
+}
+
+template <typename T>
+Array<T> instanceNormalization(const Array<T>& x, const Array<T>& scale, const Array<T>& bias, double epsilon) {
+  const int64_t channels = checkBatchNorm(x, {&scale, &bias}, "InstanceNormalization");
+  if (x.dims.size() < 3) fail("InstanceNormalization: X must have rank >= 3, got " + formatDims(x.dims));
+  int64_t spatial = 1;
+  for (size_t d = 2; d < x.dims.size(); ++d) spatial *= x.dims[d];
+  const BlockStatistics s =
+      blockStatistics(x.data, x.dims[0] * channels, spatial, epsilon, true, nullptr, "InstanceNormalization");
+  Array<T> y = normalizedBlocks(x, s, spatial);
+  for (size_t e = 0; e < y.data.size(); ++e) {
+    const auto c = static_cast<size_t>((static_cast<int64_t>(e) / spatial) % channels);
+    y.data[e] = static_cast<T>(static_cast<double>(y.data[e]) * static_cast<double>(scale.data[c]) +
+                               static_cast<double>(bias.data[c]));
+  }
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Element-wise
 
 namespace {
@@ -939,6 +1089,12 @@ Array<T> concat(const std::vector<const Array<T>*>& inputs, int64_t axis) {
                                        const Array<T>&, double);                                                    \
   template BatchNormTraining<T> batchNormTraining(const Array<T>&, const Array<T>&, const Array<T>&,                \
                                                   const Array<T>&, const Array<T>&, double, double);           \
+  template LayerNormalizationResult<T> layerNormalization(const Array<T>&, const Array<T>&, const Array<T>*,       \
+                                                         int64_t, double, StashRounding);                           \
+  template Array<T> rmsNormalization(const Array<T>&, const Array<T>&, int64_t, double, StashRounding);             \
+  template Array<T> groupNormalization(const Array<T>&, const Array<T>&, const Array<T>&, int64_t, double,          \
+                                       GroupAffine, StashRounding);                                                 \
+  template Array<T> instanceNormalization(const Array<T>&, const Array<T>&, const Array<T>&, double);               \
   template Array<T> leakyRelu(const Array<T>&, double);                                                             \
   template Array<T> prelu(const Array<T>&, const Array<T>&);
 

@@ -102,6 +102,40 @@ BatchNormTraining<T> batchNormTraining(const Array<T>& x, const Array<T>& scale,
                                        const Array<T>& inputMean, const Array<T>& inputVar, double epsilon,
                                        double momentum);
 
+// Normalizations. Statistics are per block of the input (the elements they reduce over are contiguous in
+// row-major order), computed in double with the two-pass (population) variance; `stash` rounds each statistic to
+// the type ONNX's stash_type names (null: kept in double), which is what the spec's function bodies compute in.
+using StashRounding = double (*)(double);
+
+template <typename T>
+struct LayerNormalizationResult {
+  Array<T> y, mean, invStdDev;  // mean and invStdDev: x's dims with axes axis.. set to 1
+};
+
+/// LayerNormalization-17: statistics over axes axis..rank-1 (negative axis counts from the end); y = (x - mean) *
+/// invStdDev * scale + bias with numpy broadcasting of scale and bias (null = no bias), which must leave x's dims.
+template <typename T>
+LayerNormalizationResult<T> layerNormalization(const Array<T>& x, const Array<T>& scale, const Array<T>* bias,
+                                               int64_t axis, double epsilon, StashRounding stash);
+
+/// RMSNormalization-23: y = x / sqrt(mean(x^2 over axes axis..) + epsilon) * scale (numpy broadcast, keeping x's
+/// dims).
+template <typename T>
+Array<T> rmsNormalization(const Array<T>& x, const Array<T>& scale, int64_t axis, double epsilon, StashRounding stash);
+
+/// GroupNormalization: x `[N, C, D...]`, statistics per sample over each of numGroups groups of C / numGroups
+/// consecutive channels and the spatial dims. Opset 18 takes scale and bias of shape [numGroups] (channel c uses its
+/// group's value); opset 21 per channel [C].
+enum class GroupAffine { PerGroup, PerChannel };
+template <typename T>
+Array<T> groupNormalization(const Array<T>& x, const Array<T>& scale, const Array<T>& bias, int64_t numGroups,
+                            double epsilon, GroupAffine affine, StashRounding stash);
+
+/// InstanceNormalization-6: x `[N, C, D...]` (rank >= 3), statistics per sample and channel over the spatial
+/// dims, scale and bias [C].
+template <typename T>
+Array<T> instanceNormalization(const Array<T>& x, const Array<T>& scale, const Array<T>& bias, double epsilon);
+
 enum class BinaryOp { Add, Sub, Mul, Div, Pow, Max, Min };
 /// Element-wise with numpy multidirectional broadcasting; T float, double, int64_t. Integer Div truncates toward
 /// zero (as ORT) and throws on division by zero (as ORT does not, which would be undefined behaviour here); Pow on
@@ -166,6 +200,12 @@ template <typename T>
 Array<T> gemm(const Array<T>& a, const Array<T>& b, std::nullptr_t, double alpha, double beta, bool transA,
               bool transB) {
   return gemm(a, b, static_cast<const Array<T>*>(nullptr), alpha, beta, transA, transB);
+}
+
+template <typename T>
+LayerNormalizationResult<T> layerNormalization(const Array<T>& x, const Array<T>& scale, std::nullptr_t, int64_t axis,
+                                               double epsilon, StashRounding stash) {
+  return layerNormalization(x, scale, static_cast<const Array<T>*>(nullptr), axis, epsilon, stash);
 }
 
 /// The begin / end pads ConvTranspose uses on one spatial axis, and its output size (see convTranspose).

@@ -156,9 +156,18 @@ def _finish(result, name):
     return report
 
 
+def _target_opset(target_opset):
+    if target_opset is None:
+        return 0
+    if isinstance(target_opset, bool) or not isinstance(target_opset, int) or target_opset < 1:
+        raise OptionError(f"target_opset must be a positive int, not {target_opset!r}")
+    return target_opset
+
+
 def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(),
          input_defaults_are_constant=False, freeze_train_bn=False, equalize=False, max_constant_size=64.0,
-         verify=False, absorb_high_bias=False, dry_run=False, in_place=False, backup_suffix=None, timings=False, base_dir=None):
+         verify=False, absorb_high_bias=False, dry_run=False, in_place=False, backup_suffix=None, timings=False, base_dir=None,
+         target_opset=None):
     """Rewrite a model as ``bnfold fold`` does; returns ``(model, report)``.
 
     model: an ``onnx.ModelProto`` or ``bytes`` (the result is of the same kind; the argument is not changed), or
@@ -186,6 +195,9 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
     in_place: with a path, replace the input (only when something changed); ``backup_suffix`` keeps the original.
     timings: print the wall time of load, rules and save to stderr, as ``--timings`` does (paths only).
     base_dir: where external data of an in-memory model is found (default: the current folder).
+    target_opset: convert the model to this ai.onnx opset (up to 17) with ONNX's version converter before the
+        rules (``--target-opset``); a model it cannot convert, or whose functions or external data it would drop,
+        raises Error. The report's ``opset_converted`` says from which opset.
 
     The report is a dict in the report's schema (schema/report.schema.json): ``report["folds"]`` lists each
     BatchNormalization folded, ``report["skipped"]`` each left in place with its reason.
@@ -206,7 +218,8 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
             raise OptionError("timings=True needs a model given as a path")
         name = _source_name(kind)
         result = _native.fold_bytes(data=source, source_name=name, base_dir=_base_dir(base_dir), output=output_path,
-                                    report=report_path, options=options, dry_run=bool(dry_run))
+                                    report=report_path, options=options, dry_run=bool(dry_run),
+                                    target_opset=_target_opset(target_opset))
         parsed = _finish(result, name)
         if dry_run:
             return None, parsed
@@ -226,7 +239,8 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
     if base_dir is not None:
         raise OptionError("base_dir is for in-memory models; a path's external data is found beside it")
     result = _native.fold_path(input=source, output=output_path, report=report_path, dry_run=bool(dry_run),
-                               in_place=bool(in_place), backup_suffix=backup_suffix or "", options=options)
+                               in_place=bool(in_place), backup_suffix=backup_suffix or "", options=options,
+                               target_opset=_target_opset(target_opset))
     parsed = _finish(result, source)
     if timings:
         load, rules_seconds, save = result["timings"]
@@ -285,12 +299,12 @@ def _named_error(error, path):
     return type(error)(f"{path}: {message}")
 
 
-def _fold_planned(input_path, output, report_path, options, dry_run, in_place, backup_suffix):
+def _fold_planned(input_path, output, report_path, options, dry_run, in_place, backup_suffix, target_opset):
     """Folds one model of fold_many (without the GIL in the library); failures are results, as in the CLI."""
     try:
         result = _native.fold_path(input=input_path, output=output, report="" if dry_run else report_path,
                                    dry_run=dry_run, in_place=in_place, backup_suffix=backup_suffix, options=options,
-                                   create_folders=True)
+                                   create_folders=True, target_opset=target_opset)
     except Error as error:
         return FoldResult(input_path, output or None, "failed", error=_named_error(error, input_path)), None
     report = result["report"]
@@ -306,7 +320,8 @@ def _fold_planned(input_path, output, report_path, options, dry_run, in_place, b
 
 def fold_many(models, *, out_dir=None, report_dir=None, in_place=False, backup_suffix=None, dry_run=False, jobs=0,
               rules="default", keep=(), keep_op=(), input_defaults_are_constant=False, freeze_train_bn=False,
-              equalize=False, max_constant_size=64.0, verify=False, absorb_high_bias=False, timings=False):
+              equalize=False, max_constant_size=64.0, verify=False, absorb_high_bias=False, timings=False,
+              target_opset=None):
     """Fold many model files as ``bnfold fold IN... --out-dir DIR`` (or ``--in-place``) does; returns a list of
     ``FoldResult``, one per model in the order the CLI lists them.
 
@@ -319,7 +334,7 @@ def fold_many(models, *, out_dir=None, report_dir=None, in_place=False, backup_s
         keeps each original as ``<model><suffix>``.
     dry_run: run the rules and write nothing (no model, no report).
     jobs: models folded at once, on threads (``--jobs``; 0: one per core).
-    The rule keywords and ``timings`` are those of ``fold``.
+    The rule keywords, ``target_opset`` and ``timings`` are those of ``fold``.
 
     One model that fails does not stop the others: its result has status "failed" and the exception in ``error``
     (e.g. ``[r.error for r in results if not r.ok]``). Raises at once, before any model is folded, OptionError for
@@ -338,12 +353,13 @@ def fold_many(models, *, out_dir=None, report_dir=None, in_place=False, backup_s
         raise OptionError("say where to write: out_dir= or in_place=True (or dry_run=True to write nothing)")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
         raise OptionError(f"jobs must be a whole number of models at once, 0 for one per core, not {jobs!r}")
+    opset = _target_opset(target_opset)
     planned = _native.plan_fold_batch(inputs=inputs, out_dir=out_dir, report_dir=report_dir, in_place=bool(in_place))
 
     def fold_one(item):
         input_path, output, report_path = item
         return _fold_planned(input_path, output, report_path, options, bool(dry_run), bool(in_place),
-                             backup_suffix or "")
+                             backup_suffix or "", opset)
 
     workers = min(jobs or os.cpu_count() or 1, len(planned))
     with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
@@ -362,7 +378,7 @@ def fold_many(models, *, out_dir=None, report_dir=None, in_place=False, backup_s
 
 def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(),
           input_defaults_are_constant=False, freeze_train_bn=False, equalize=False, max_constant_size=64.0,
-          verify=False, absorb_high_bias=False, base_dir=None):
+          verify=False, absorb_high_bias=False, base_dir=None, target_opset=None):
     """List what ``fold`` would change and what stops it, as ``bnfold check`` does; never writes anything.
 
     Returns a list of dicts, one per finding: ``category`` (see ``bnfold.finding_categories()``), ``severity``
@@ -378,7 +394,7 @@ def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(
         fail_on = ",".join(_names(fail_on, "fail_on"))
     name = source if kind == "path" else _source_name(kind)
     return _native.check(source=source, source_name=name, base_dir=_base_dir(base_dir), fail_on=fail_on,
-                         options=options)
+                         options=options, target_opset=_target_opset(target_opset))
 
 
 def info(model, *, weights=False, rules="default", keep=(), keep_op=(), input_defaults_are_constant=False,

@@ -122,7 +122,7 @@ py::dict runResult(const bnfold::Report& report, const bnfold::FoldRun& run) {
 /// and, when `output` is given, the model saved there as `bnfold fold -o` saves it.
 py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const std::string& baseDir,
                    const std::string& output, const std::string& reportPath, const bnfold::DriverOptions& options,
-                   bool dryRun) {
+                   bool dryRun, int64_t targetOpset) {
   // Immutable, and kept alive by the caller while the GIL is released: the model borrows it, and is freed below.
   const std::string_view bytes = data;
   std::unique_ptr<bnfold::Model> model;
@@ -134,7 +134,8 @@ py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const s
     // Bad destinations fail before any work, as in the CLI.
     if (writes) bnfold::destinationOf(output);
     if (!reportPath.empty()) bnfold::destinationOf(reportPath);
-    model = bnfold::modelFromBorrowedBytes(bytes, sourceName, baseDir);
+    model = targetOpset > 0 ? bnfold::modelFromBytesAtOpset(bytes, sourceName, baseDir, targetOpset, &report)
+                            : bnfold::modelFromBorrowedBytes(bytes, sourceName, baseDir);
     report.setInput(sourceName);
     if (!output.empty()) report.setOutput(output);
     run = bnfold::foldModel(*model, options, report);
@@ -167,8 +168,9 @@ py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const s
 /// `createFolders`: make the folders of `output` and `reportPath` when missing (a batch mirrors its inputs' layout).
 py::dict foldPath(const std::string& input, const std::string& output, const std::string& reportPath, bool dryRun,
                   bool inPlace, const std::string& backupSuffix, const bnfold::DriverOptions& options,
-                  bool createFolders) {
+                  bool createFolders, int64_t targetOpset) {
   bnfold::FoldFileRequest request;
+  request.targetOpset = targetOpset;
   request.input = input;
   request.output = output;
   request.reportPath = reportPath;
@@ -213,6 +215,15 @@ struct ModelSource {
   }
   std::unique_ptr<bnfold::Model> load(const std::string& sourceName, const std::string& baseDir,
                                       const bnfold::LoadOptions& loadOptions) const {
+    return load(sourceName, baseDir, loadOptions, 0, nullptr);
+  }
+  /// With targetOpset > 0 the model is converted first (bnfold::loadModelAtOpset), recorded in `report`.
+  std::unique_ptr<bnfold::Model> load(const std::string& sourceName, const std::string& baseDir,
+                                      const bnfold::LoadOptions& loadOptions, int64_t targetOpset,
+                                      bnfold::Report* report) const {
+    if (targetOpset > 0)
+      return inMemory ? bnfold::modelFromBytesAtOpset(bytes, sourceName, baseDir, targetOpset, report)
+                      : bnfold::loadModelAtOpset(path, targetOpset, report);
     if (inMemory) return bnfold::modelFromBorrowedBytes(bytes, sourceName, baseDir, loadOptions);
     return bnfold::loadModel(path, loadOptions);
   }
@@ -223,7 +234,7 @@ struct ModelSource {
 
 /// The findings `bnfold check` prints for one model, as a list of dicts.
 py::object checkModel(const py::object& source, const std::string& sourceName, const std::string& baseDir,
-                       const std::string& failOnText, const bnfold::DriverOptions& options) {
+                       const std::string& failOnText, const bnfold::DriverOptions& options, int64_t targetOpset) {
   std::set<std::string> failOn;
   try {
     failOn = bnfold::parseFailOn(failOnText);
@@ -233,8 +244,8 @@ py::object checkModel(const py::object& source, const std::string& sourceName, c
   const ModelSource modelSource(source);
   nlohmann::json findings = nlohmann::json::array();
   withoutGil([&] {
-    std::unique_ptr<bnfold::Model> model = modelSource.load(sourceName, baseDir, {});
     bnfold::Report report;
+    std::unique_ptr<bnfold::Model> model = modelSource.load(sourceName, baseDir, {}, targetOpset, &report);
     report.setInput(sourceName);
     bnfold::foldModel(*model, options, report);  // rewrites in memory only; nothing is saved
     for (const bnfold::Finding& finding : bnfold::findingsOf(*model, report, failOn, options.ruleOptions)) {
@@ -307,13 +318,14 @@ PYBIND11_MODULE(_native, m) {
         py::arg("verify"), py::arg("absorb_high_bias"));
   py::class_<bnfold::DriverOptions>(m, "DriverOptions", "Validated rule settings (from driver_options).");
   m.def("fold_bytes", &foldBytes, py::arg("data"), py::arg("source_name"), py::arg("base_dir"), py::arg("output"),
-        py::arg("report"), py::arg("options"), py::arg("dry_run"));
+        py::arg("report"), py::arg("options"), py::arg("dry_run"), py::arg("target_opset") = 0);
   m.def("fold_path", &foldPath, py::arg("input"), py::arg("output"), py::arg("report"), py::arg("dry_run"),
-        py::arg("in_place"), py::arg("backup_suffix"), py::arg("options"), py::arg("create_folders") = false);
+        py::arg("in_place"), py::arg("backup_suffix"), py::arg("options"), py::arg("create_folders") = false,
+        py::arg("target_opset") = 0);
   m.def("plan_fold_batch", &planFoldBatch, py::arg("inputs"), py::arg("out_dir"), py::arg("report_dir"),
         py::arg("in_place"));
   m.def("check", &checkModel, py::arg("source"), py::arg("source_name"), py::arg("base_dir"), py::arg("fail_on"),
-        py::arg("options"));
+        py::arg("options"), py::arg("target_opset") = 0);
   m.def("info", &describe, py::arg("source"), py::arg("source_name"), py::arg("base_dir"),
         py::arg("weights_options") = nullptr);
   m.def("rules", [] {

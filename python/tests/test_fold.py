@@ -97,3 +97,45 @@ def test_done_when_line_prints_the_fold_count():
     code, out, _ = run_cli("fold", sample("resnet_block.onnx"), "--dry-run")
     assert code == 0
     assert len(report["folds"]) == 3 and "3 BN folded" in out
+
+
+def _layer_norm_chain_at_opset_14():
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mean"], axes=[-1]),
+        helper.make_node("Sub", ["x", "mean"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["sd"]),
+        helper.make_node("Div", ["d", "sd"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6])],
+                              [helper.make_tensor("eps", TensorProto.FLOAT, [], [1e-5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 7
+    return model
+
+
+def test_target_opset_converts_first_and_reports_it(tmp_path):
+    model = _layer_norm_chain_at_opset_14()
+    converted, report = bnfold.fold(model, target_opset=17)
+    assert [o.version for o in converted.opset_import if o.domain == ""] == [17]
+    assert report["opset_converted"]["from"] == 14 and report["opset_converted"]["to"] == 17
+    onnx.save(model, tmp_path / "original.onnx")
+    onnx.save(converted, tmp_path / "converted.onnx")
+    assert_same_in_ort(tmp_path / "original.onnx", tmp_path / "converted.onnx")
+
+    path_result, path_report = bnfold.fold(str(tmp_path / "original.onnx"), output=str(tmp_path / "out.onnx"),
+                                           target_opset=17)
+    assert path_report["opset_converted"]["from"] == 14
+    assert bnfold.check(model, target_opset=17) is not None
+
+    with pytest.raises(bnfold.Error, match="up to 17"):
+        bnfold.fold(model, target_opset=18)
+    with pytest.raises(bnfold.Error, match="at opset 14 already"):
+        bnfold.fold(model, target_opset=13)
+    with pytest.raises(bnfold.OptionError):
+        bnfold.fold(model, target_opset="17")

@@ -2,6 +2,7 @@
 // std::invalid_argument, and (test_reference_kernels_ort.cpp) a seeded table of random cases against ONNX Runtime.
 #include <catch2/catch.hpp>
 
+#include "verify/interpreter.h"
 #include "verify/reference_kernels.h"
 
 #include <cmath>
@@ -251,4 +252,141 @@ TEST_CASE("bad shapes and attributes throw invalid_argument", "[verify][kernels]
   CHECK_THROWS_AS(v::concat<float>({&m23, &p2}, 0), std::invalid_argument);
   CHECK_THROWS_AS(v::concat<float>({&m23, nullptr}, 0), std::invalid_argument);
   CHECK_THROWS_AS(v::concat<float>({}, 0), std::invalid_argument);
+}
+
+TEST_CASE("normalizations by hand: LayerNorm, RMSNorm, GroupNorm 18 and 21, InstanceNorm", "[verify][kernels]") {
+  // Rows {1, 3} and {2, 6}: means 2 and 4, variances 1 and 4; epsilon 0 keeps the numbers round.
+  const auto x = arr<double>({2, 2}, {1, 3, 2, 6});
+  const auto scale = arr<double>({2}, {1, 10});
+  const auto bias = arr<double>({2}, {0, 1});
+  const auto ln = v::layerNormalization(x, scale, &bias, -1, 0.0, nullptr);
+  requireClose(ln.y, {2, 2}, {-1, 11, -1, 11});
+  requireClose(ln.mean, {2, 1}, {2, 4});
+  requireClose(ln.invStdDev, {2, 1}, {1, 0.5});
+  // axis 0: one block of four, mean 3, variance (4 + 0 + 1 + 9) / 4 = 3.5.
+  const auto whole = v::layerNormalization(x, arr<double>({}, {1}), nullptr, 0, 0.0, nullptr);
+  requireClose(whole.y, {2, 2}, {-2 / std::sqrt(3.5), 0, -1 / std::sqrt(3.5), 3 / std::sqrt(3.5)});
+  requireClose(whole.mean, {1, 1}, {3});
+  // epsilon enters under the root: variance 1 + epsilon 3 = 4.
+  requireClose(v::layerNormalization(arr<double>({1, 2}, {1, 3}), scale, nullptr, 1, 3.0, nullptr).y, {1, 2},
+               {-0.5, 5});
+  // A scale that broadcasts X to a bigger shape is refused.
+  CHECK_THROWS_AS(v::layerNormalization(x, arr<double>({3, 1, 1}, {1, 1, 1}), nullptr, -1, 0.0, nullptr),
+                  std::invalid_argument);
+
+  // RMS of {3, 4} is sqrt(12.5); of {1, 1} it is 1. No mean is subtracted.
+  const auto rx = arr<double>({2, 2}, {3, 4, 1, 1});
+  const double rms = std::sqrt(12.5);
+  requireClose(v::rmsNormalization(rx, arr<double>({2}, {1, 2}), -1, 0.0, nullptr), {2, 2},
+               {3 / rms, 8 / rms, 1, 2});
+
+  // GroupNorm over x [1, 4, 2], 2 groups: group 0 = {1, 3, 1, 3} (mean 2, var 1), group 1 = {0, 4, 0, 4} (2, 4).
+  const auto gx = arr<double>({1, 4, 2}, {1, 3, 1, 3, 0, 4, 0, 4});
+  const auto perGroup = v::groupNormalization(gx, arr<double>({2}, {1, 2}), arr<double>({2}, {0, 10}), 2, 0.0,
+                                              v::GroupAffine::PerGroup, nullptr);
+  requireClose(perGroup, {1, 4, 2}, {-1, 1, -1, 1, 8, 12, 8, 12});
+  const auto perChannel = v::groupNormalization(gx, arr<double>({4}, {1, 2, 3, 4}), arr<double>({4}, {0, 0, 0, 1}), 2,
+                                                0.0, v::GroupAffine::PerChannel, nullptr);
+  requireClose(perChannel, {1, 4, 2}, {-1, 1, -2, 2, -3, 3, -3, 5});
+  CHECK_THROWS_AS(v::groupNormalization(gx, arr<double>({4}, {1, 2, 3, 4}), arr<double>({4}, {0, 0, 0, 0}), 3, 0.0,
+                                        v::GroupAffine::PerChannel, nullptr),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(v::groupNormalization(gx, arr<double>({2}, {1, 2}), arr<double>({2}, {0, 0}), 2, 0.0,
+                                        v::GroupAffine::PerChannel, nullptr),
+                  std::invalid_argument);
+
+  // InstanceNorm: each (sample, channel) on its own: {1, 3} -> {-1, 1}, {0, 4} -> {-1, 1}, then per-channel affine.
+  const auto ix = arr<double>({1, 2, 2}, {1, 3, 0, 4});
+  requireClose(v::instanceNormalization(ix, arr<double>({2}, {2, 3}), arr<double>({2}, {1, 0}), 0.0), {1, 2, 2},
+               {-1, 3, -3, 3});
+  CHECK_THROWS_AS(v::instanceNormalization(arr<double>({2, 2}, {1, 2, 3, 4}), arr<double>({2}, {1, 1}),
+                                           arr<double>({2}, {0, 0}), 0.0),
+                  std::invalid_argument);
+}
+
+namespace {
+
+v::RegionNode normalizationNode(const std::string& op, std::vector<std::string> inputs,
+                                std::vector<std::string> outputs) {
+  v::RegionNode node;
+  node.opType = op;
+  node.name = "norm";
+  node.inputs = std::move(inputs);
+  node.outputs = std::move(outputs);
+  return node;
+}
+
+void setAttribute(v::RegionNode& node, const std::string& name, double value, bool isFloat) {
+  auto* attribute = node.attributes.add_attribute();
+  attribute->set_name(name);
+  if (isFloat) {
+    attribute->set_type(onnx::AttributeProto::FLOAT);
+    attribute->set_f(static_cast<float>(value));
+  } else {
+    attribute->set_type(onnx::AttributeProto::INT);
+    attribute->set_i(static_cast<int64_t>(value));
+  }
+}
+
+v::Operand<double> realOperand(Array<double> a) {
+  v::Operand<double> operand;
+  operand.type = bnfold::DataType::Double;
+  operand.real = std::move(a);
+  return operand;
+}
+
+}  // namespace
+
+TEST_CASE("the interpreter evaluates the normalizations with their attributes and outputs", "[verify][kernels]") {
+  std::map<std::string, v::Operand<double>> values;
+  values["x"] = realOperand(arr<double>({1, 4, 2}, {1, 3, 1, 3, 0, 4, 0, 4}));
+  values["s2"] = realOperand(arr<double>({2}, {1, 2}));
+  values["b2"] = realOperand(arr<double>({2}, {0, 10}));
+  values["one"] = realOperand(arr<double>({}, {1}));
+
+  SECTION("LayerNormalization: axis, epsilon, Mean and InvStdDev in the stash type") {
+    v::Region region;
+    region.opset = 17;
+    auto node = normalizationNode("LayerNormalization", {"x", "one", ""}, {"y", "mean", "inv"});
+    setAttribute(node, "axis", 1, false);
+    setAttribute(node, "epsilon", 0.0, true);
+    region.nodes.push_back(node);
+    const auto out = v::evaluateRegion(region, values, {});
+    // Per sample over [4, 2]: mean 2, variance 2.5.
+    requireClose(out.at("mean").real, {1, 1, 1}, {2});
+    requireClose(out.at("inv").real, {1, 1, 1}, {1 / std::sqrt(2.5)});
+    CHECK(out.at("mean").type == bnfold::DataType::Float);
+    CHECK(out.at("y").type == bnfold::DataType::Double);
+    CHECK(out.at("y").real.data[4] == Approx(-2 / std::sqrt(2.5)));
+  }
+  SECTION("GroupNormalization: per group at opset 18, a wrong parameter shape at 21") {
+    v::Region region;
+    region.opset = 18;
+    auto node = normalizationNode("GroupNormalization", {"x", "s2", "b2"}, {"y"});
+    setAttribute(node, "num_groups", 2, false);
+    setAttribute(node, "epsilon", 0.0, true);
+    region.nodes.push_back(node);
+    requireClose(v::evaluateRegion(region, values, {}).at("y").real, {1, 4, 2}, {-1, 1, -1, 1, 8, 12, 8, 12});
+    region.opset = 21;
+    CHECK_THROWS_AS(v::evaluateRegion(region, values, {}), v::EvaluationError);
+  }
+  SECTION("RMSNormalization and InstanceNormalization") {
+    v::Region region;
+    region.opset = 23;
+    auto rms = normalizationNode("RMSNormalization", {"x", "one"}, {"r"});
+    setAttribute(rms, "epsilon", 0.0, true);
+    region.nodes.push_back(rms);
+    auto instance = normalizationNode("InstanceNormalization", {"x", "s2", "b2"}, {"i"});
+    values["s4"] = realOperand(arr<double>({4}, {1, 1, 1, 2}));
+    values["b4"] = realOperand(arr<double>({4}, {0, 0, 0, 1}));
+    instance.inputs = {"x", "s4", "b4"};
+    setAttribute(instance, "epsilon", 0.0, true);
+    region.nodes.push_back(instance);
+    const auto out = v::evaluateRegion(region, values, {});
+    // RMS over the last axis: {1, 3} -> sqrt(5); {0, 4} -> sqrt(8).
+    requireClose(out.at("r").real, {1, 4, 2},
+                 {1 / std::sqrt(5), 3 / std::sqrt(5), 1 / std::sqrt(5), 3 / std::sqrt(5), 0, std::sqrt(2), 0, std::sqrt(2)});
+    requireClose(out.at("i").real, {1, 4, 2}, {-1, 1, -1, 1, -1, 1, -1, 3});
+    CHECK(v::isEvaluableOp("RMSNormalization"));
+  }
 }

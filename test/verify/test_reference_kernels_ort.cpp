@@ -606,6 +606,90 @@ Case concatCase(Rng& r) {
   return builder.finish();
 }
 
+double roundToFloat(double v) { return static_cast<float>(v); }
+
+/// Rank 1-4 dims and an axis in [-rank, rank) for the trailing-axes normalizations.
+std::pair<Dims, int64_t> trailingNormDims(Rng& r) {
+  const Dims dims = r.pick<Dims>({{6}, {2, 5}, {2, 3, 4}, {2, 2, 3, 2}});
+  const auto rank = static_cast<int64_t>(dims.size());
+  return {dims, r.integer(-rank, rank - 1)};
+}
+
+/// Scale or bias of the normalized dims (axis..), or, now and then, of only its last dims (numpy broadcasting).
+Dims normalizedShape(Rng& r, const Dims& dims, int64_t axis) {
+  const auto rank = static_cast<int64_t>(dims.size());
+  const int64_t from = axis < 0 ? axis + rank : axis;
+  const int64_t start = r.chance(0.3) ? r.integer(from, rank - 1) : from;
+  return Dims(dims.begin() + start, dims.end());
+}
+
+template <typename T>
+Case layerNormCase(Rng& r, int outputs) {
+  const auto [dims, axis] = trailingNormDims(r);
+  const Array<T> x = r.array<T>(dims, -3, 3), scale = r.array<T>(normalizedShape(r, dims, axis), -2, 2),
+                 bias = r.array<T>(normalizedShape(r, dims, axis));
+  const bool withBias = r.chance(0.7);
+  const float epsilon = r.pick<float>({1e-5f, 1e-3f, 0.1f});
+  CaseBuilder b("LayerNormalization", 17, TypeInfo<T>::name);
+  b.input(x, "X").input(scale, "scale");
+  if (withBias) b.input(bias, "B");
+  b.integer("axis", axis).real("epsilon", epsilon);
+  // The statistics outputs have the stash type; float cases keep the default (float), double ones ask for double.
+  const bool isDouble = std::is_same_v<T, double>;
+  if (isDouble) b.integer("stash_type", onnx::TensorProto::DOUBLE);
+  const auto result = v::layerNormalization(x, scale, withBias ? &bias : nullptr, axis, epsilon,
+                                            isDouble ? nullptr : roundToFloat);
+  b.output(result.y);
+  if (outputs == 3) b.output(result.mean).output(result.invStdDev);
+  return b.finish();
+}
+
+template <typename T>
+Case rmsNormCase(Rng& r) {
+  const auto [dims, axis] = trailingNormDims(r);
+  const Array<T> x = r.array<T>(dims, -3, 3), scale = r.array<T>(normalizedShape(r, dims, axis), -2, 2);
+  const float epsilon = r.pick<float>({1e-5f, 1e-3f, 0.1f});
+  CaseBuilder b("RMSNormalization", 23, TypeInfo<T>::name);
+  b.input(x, "X").input(scale, "scale").integer("axis", axis).real("epsilon", epsilon);
+  const bool isDouble = std::is_same_v<T, double>;
+  if (isDouble) b.integer("stash_type", onnx::TensorProto::DOUBLE);
+  b.output(v::rmsNormalization(x, scale, axis, epsilon, isDouble ? nullptr : roundToFloat));
+  return b.finish();
+}
+
+template <typename T>
+Case groupNormCase(Rng& r, int64_t opset) {
+  const int64_t groups = r.integer(1, 3), perGroup = r.integer(1, 3);
+  Dims dims{r.integer(1, 2), groups * perGroup};
+  for (int64_t d = 0, rank = r.integer(0, 2); d < rank; ++d) dims.push_back(r.integer(1, 4));
+  const Dims params{opset >= 21 ? dims[1] : groups};
+  const Array<T> x = r.array<T>(dims, -3, 3), scale = r.array<T>(params, -2, 2), bias = r.array<T>(params);
+  const float epsilon = r.pick<float>({1e-5f, 1e-3f, 0.1f});
+  CaseBuilder b("GroupNormalization", opset, TypeInfo<T>::name);
+  b.input(x, "X").input(scale, "scale").input(bias, "bias").integer("num_groups", groups).real("epsilon", epsilon);
+  // Double cases compute in double (stash_type, from opset 21); the default float stash rounds X itself too.
+  const bool inDouble = std::is_same_v<T, double> && opset >= 21;
+  if (inDouble) b.integer("stash_type", onnx::TensorProto::DOUBLE);
+  b.output(v::groupNormalization(x, scale, bias, groups, epsilon,
+                                 opset >= 21 ? v::GroupAffine::PerChannel : v::GroupAffine::PerGroup,
+                                 inDouble ? nullptr : roundToFloat));
+  return b.finish();
+}
+
+template <typename T>
+Case instanceNormCase(Rng& r) {
+  Dims dims{r.integer(1, 2), r.integer(1, 4)};
+  for (int64_t d = 0, rank = r.integer(1, 3); d < rank; ++d) dims.push_back(r.integer(1, 4));
+  dims[2] = std::max<int64_t>(dims[2], 2);  // some spread to normalize
+  const Dims c{dims[1]};
+  const Array<T> x = r.array<T>(dims, -3, 3), scale = r.array<T>(c, -2, 2), bias = r.array<T>(c);
+  const float epsilon = r.pick<float>({1e-5f, 1e-3f, 0.1f});
+  CaseBuilder b("InstanceNormalization", 6, TypeInfo<T>::name);
+  b.input(x, "X").input(scale, "scale").input(bias, "B").real("epsilon", epsilon);
+  b.output(v::instanceNormalization(x, scale, bias, epsilon));
+  return b.finish();
+}
+
 std::vector<Case> buildCases() {
   Rng r(kSeed);
   std::vector<Case> cases;
@@ -682,12 +766,27 @@ std::vector<Case> buildCases() {
   cases.push_back(expandCase<int64_t>(r));
   cases.push_back(concatCase<double>(r));
   cases.push_back(concatCase<int64_t>(r));
+  for (int i = 0; i < 4; ++i) {
+    cases.push_back(layerNormCase<float>(r, 1));
+    cases.push_back(layerNormCase<float>(r, 3));
+    cases.push_back(rmsNormCase<float>(r));
+    cases.push_back(groupNormCase<float>(r, 18));
+    cases.push_back(groupNormCase<float>(r, 21));
+    cases.push_back(instanceNormCase<float>(r));
+  }
+  cases.push_back(layerNormCase<double>(r, 3));
+  cases.push_back(rmsNormCase<double>(r));
+  cases.push_back(groupNormCase<double>(r, 21));
+  cases.push_back(instanceNormCase<double>(r));
   return cases;
 }
 
 // Op/dtype pairs ORT 1.30's CPU provider has no kernel for. They are still generated: a refusal is reported, not
 // failed, and should ORT ever run one it is compared like the rest.
-const std::set<std::pair<std::string, std::string>> kExcluded{{"Conv", "double"}, {"ConvTranspose", "double"}};
+const std::set<std::pair<std::string, std::string>> kExcluded{{"Conv", "double"},
+                                                               {"ConvTranspose", "double"},
+                                                               {"LayerNormalization", "double"},
+                                                               {"InstanceNormalization", "double"}};
 
 double jsonNumber(const nlohmann::json& value) {
   if (value.is_number()) return value.get<double>();

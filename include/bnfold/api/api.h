@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -32,6 +33,7 @@ struct RuleSettings {
   bool absorbHighBias = false;
   double maxConstantMiB = 64;  ///< --max-constant-size
   bool verify = false;
+  int64_t targetOpset = 0;     ///< --target-opset: convert the model first (loadModelAtOpset); 0: keep its opset
 };
 
 /// Throws bnfold::Error on an unknown rule in `rules`, absorb-high-bias without equalize, or a negative size.
@@ -68,6 +70,9 @@ struct FoldFileRequest {
   std::string backupSuffix;
   /// Create the folders of `output` and `reportPath` when missing (batch runs mirror their inputs' layout).
   bool createFolders = false;
+  /// --target-opset: convert the model to this ai.onnx opset before the rules (0: keep its opset); see
+  /// loadModelAtOpset.
+  int64_t targetOpset = 0;
 };
 
 struct FoldFileResult {
@@ -78,6 +83,21 @@ struct FoldFileResult {
   bool unchanged = false;  ///< in place, and neither a rule nor the load changed anything: the file was left alone
   FoldPhaseTimes times;
 };
+
+/// The newest ai.onnx opset libonnx's version converter (onnx 1.12) converts to.
+inline constexpr int64_t kNewestConvertibleOpset = 17;
+
+/// Loads `path`; with `targetOpset` > 0 converts it first to that ai.onnx opset with libonnx's version converter
+/// and, when `report` is given, records the conversion there (`opset_converted`: from, to). A target equal to the
+/// model's opset converts nothing. Throws bnfold::Error naming the file, before anything is written, when the
+/// target is above kNewestConvertibleOpset or below the model's opset, when the converter fails, and when the
+/// model holds what the converter would drop: local functions, training info, sparse initializers, tensors in
+/// external data, or metadata it did not carry over.
+std::unique_ptr<Model> loadModelAtOpset(const std::string& path, int64_t targetOpset, Report* report = nullptr);
+/// The same for a serialized ModelProto held in memory (`sourceName` names it in errors, external data is found
+/// in `baseDir`).
+std::unique_ptr<Model> modelFromBytesAtOpset(std::string_view bytes, const std::string& sourceName,
+                                             const std::string& baseDir, int64_t targetOpset, Report* report = nullptr);
 
 /// `bnfold fold IN -o OUT`: refuses an output that is the input (unless in place) or cannot be written before any
 /// work, loads, folds, and unless a rewrite failed verification saves atomically (external data streamed file to

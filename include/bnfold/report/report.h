@@ -33,6 +33,10 @@ class Report {
   void setOutput(const std::string& path) { doc_["output"] = path; }
   void setOpset(int64_t version) { doc_["opset"] = version; }
   void setRules(const std::vector<std::string>& rules) { doc_["rules"] = rules; }
+  /// The model was converted from ai.onnx opset `from` to `to` before the rules ran (--target-opset).
+  void setOpsetConversion(int64_t from, int64_t to) {
+    doc_["opset_converted"] = {{"from", from}, {"to", to}, {"by", "onnx version_converter"}};
+  }
   /// Fills "graph_reordered" (always present, empty when nothing moved) from Model::reorderedGraphs(): one
   /// {"graph", "subgraph_of", "moved_nodes"} entry per graph whose nodes were sorted on load.
   void setReorderedGraphs(const std::vector<ReorderedGraph>& graphs);
