@@ -15,4 +15,5 @@ std::unique_ptr<Rule> makeFoldBatchNormForward();      // bn-forward
 std::unique_ptr<Rule> makeEqualizeLayers();          // equalize (off by default; after the others' fixed point)
 std::unique_ptr<Rule> makeAbsorbHighBias();          // absorb-high-bias (off by default; after equalize)
 std::unique_ptr<Rule> makeDecomposeBatchNorm();        // bn-decompose (off by default)
+std::unique_ptr<Rule> makeFuseNormalization();         // norm-fuse
 }  // namespace bnfold::rules
