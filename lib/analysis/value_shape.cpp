@@ -166,10 +166,17 @@ std::optional<Shape> gemmShape(const Node& node, const InputShapes& in) {
 std::optional<Shape> matMulShape(const Node&, const InputShapes& in) {
   const auto& a = in(0);
   const auto& b = in(1);
-  if (!a || !b || b->size() != 2 || a->empty()) return std::nullopt;
-  if (a->size() == 1) return Shape{(*b)[1]};
-  Shape out(*a);
-  out.back() = (*b)[1];
+  if (!a || !b || b->size() < 2 || a->empty()) return std::nullopt;
+  if (a->size() == 1) return b->size() == 2 ? std::optional<Shape>(Shape{(*b)[1]}) : std::nullopt;
+  if (b->size() == 2) {
+    Shape out(*a);
+    out.back() = (*b)[1];
+    return out;
+  }
+  // Batched (an attention's Q·Kᵀ): the batch dims broadcast numpy-style.
+  Shape out = broadcastShapes(Shape(a->begin(), a->end() - 2), Shape(b->begin(), b->end() - 2));
+  out.push_back((*a)[a->size() - 2]);
+  out.push_back(b->back());
   return out;
 }
 
@@ -200,6 +207,27 @@ std::optional<std::vector<int64_t>> intsOperand(const Node& node, std::size_t sl
 
 std::optional<Shape> shapeIfFormed(OutputShape out) {
   return out.ok() ? std::optional<Shape>(std::move(out.dims)) : std::nullopt;
+}
+
+/// ReduceMean: the reduced axes become 1 (keepdims, the default) or go; no axes means all of them.
+std::optional<Shape> reduceMeanShape(const Node& node, const InputShapes& in) {
+  const auto& input = in(0);
+  auto axes = intsOperand(node, 1, "axes", kReduceMeanAxesInputOpset);
+  if (!input || !axes) return std::nullopt;
+  const auto rank = static_cast<int64_t>(input->size());
+  std::vector<bool> reduced(input->size(), axes->empty());
+  if (axes->empty() && node.attributeInt("noop_with_empty_axes", 0) != 0) return input;
+  for (int64_t axis : *axes) {
+    if (axis < -rank || axis >= rank) return std::nullopt;
+    reduced[static_cast<std::size_t>(axis < 0 ? axis + rank : axis)] = true;
+  }
+  const bool keepDims = node.attributeInt("keepdims", 1) != 0;
+  Shape out;
+  for (std::size_t i = 0; i < input->size(); ++i) {
+    if (!reduced[i]) out.push_back((*input)[i]);
+    else if (keepDims) out.push_back(1);
+  }
+  return out;
 }
 
 std::optional<Shape> reshapeOutput(const Node& node, const InputShapes& in) {
@@ -262,6 +290,7 @@ const std::unordered_map<std::string, OpShapeRule>& shapeRules() {
         {"Transpose", {transposeOutput, sameTypeAsInput, 1}},
         {"Squeeze", {squeezeOutput, sameTypeAsInput, 1}},
         {"Unsqueeze", {squeezeOutput, sameTypeAsInput, 1}},
+        {"ReduceMean", {reduceMeanShape, sameTypeAsInput, 1}},
     };
     // Output 0 has exactly the shape and element type of input 0.
     for (const char* op : {"Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Clip", "Elu",
@@ -269,9 +298,12 @@ const std::unordered_map<std::string, OpShapeRule>& shapeRules() {
                            "Exp", "Log", "Sqrt", "Erf", "Reciprocal", "Softmax", "LogSoftmax", "LRN",
                            "BatchNormalization", "InstanceNormalization", "ThresholdedRelu", "Shrink"})
       table.emplace(op, OpShapeRule{sameShapeAsInput, sameTypeAsInput, 1});
+    for (const char* op : {"LayerNormalization", "RMSNormalization", "GroupNormalization"})
+      table.emplace(op, OpShapeRule{sameShapeAsInput, sameTypeAsInput, 1});
     for (const char* op : {"MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})
       table.emplace(op, OpShapeRule{poolShape, sameTypeAsInput, 1});
-    for (const char* op : {"Add", "Sub", "Mul", "Div"}) table.emplace(op, OpShapeRule{broadcastShape, binaryType, 2});
+    for (const char* op : {"Add", "Sub", "Mul", "Div", "Pow"})
+      table.emplace(op, OpShapeRule{broadcastShape, binaryType, 2});
     return table;
   }();
   return rules;

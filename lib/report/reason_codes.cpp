@@ -6,11 +6,16 @@ const std::vector<ReasonCodeInfo>& reasonCodes() {
   using namespace reason;
   static const std::vector<ReasonCodeInfo> codes = {
       {kActivationNotRelu, "the layer's output goes through no Relu (or another activation) before the next layer (absorb-high-bias)"},
+      {kAxesDiffer, "the two means of a decomposed norm reduce different axes (norm-fuse)"},
+      {kAxesNotTrailing, "a decomposed norm reduces axes that are not its input's trailing ones (norm-fuse)"},
       {kBnHasOtherConsumers, "the BN's output is read by more than the one layer it would fold into (bn-forward)"},
       {kChannelAxisMismatch, "the BN's channel axis is not the layer's output-channel (or input-channel) axis"},
       {kConstantTooLarge, "a constant chain's evaluation would exceed --max-constant-size"},
       {kEmptyStatistics, "a training-mode BN with empty mean/var has no running statistics to freeze with"},
+      {kEpsilonNotScalar, "the epsilon of a decomposed norm is not a single constant value (norm-fuse)"},
+      {kExponentNotTwo, "the variance of a decomposed norm averages something other than a square (norm-fuse)"},
       {kFreezeNotRequested, "training-mode BN is frozen only with --freeze-train-bn"},
+      {kIntermediateHasOtherReaders, "a value inside a decomposed norm is read outside it, or is a graph output (norm-fuse)"},
       {kInvalidVariance, "var + epsilon is zero or negative, so the BN divides by zero or a complex number"},
       {kKeptByUser, "--keep/--keep-op protects the node"},
       {kLayerHasNoBias, "the layer has no bias input and the Add cannot become one (e.g. MatMul of rank > 2)"},
@@ -30,6 +35,8 @@ const std::vector<ReasonCodeInfo>& reasonCodes() {
       {kNonFiniteParams, "a BN parameter holds NaN or infinity"},
       {kNonHomogeneousActivation, "the activation between two layers is not positively homogeneous (Clip/Relu6, HardSwish, Sigmoid, ...) (equalize)"},
       {kNonSpatialTraining, "spatial=0 in training mode (statistics per element) is not expanded"},
+      {kNormOpNotInOpset, "the model's opset predates the norm op (LayerNormalization 17, RMSNormalization 23, GroupNormalization 21) (norm-fuse)"},
+      {kNotANormChain, "the ops around the square root differ from every decomposed norm form bnfold fuses (norm-fuse)"},
       {kNotImproving,
        "equalizing the link would not lower its chain's per-tensor int8 weight noise, referred to the chain's output "
        "(equalize)"},

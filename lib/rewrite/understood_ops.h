@@ -46,6 +46,11 @@ inline const OpVersions kAdd{"Add", {1, 6, 7, 13, 14}};
 inline const OpVersions kSub{"Sub", {1, 6, 7, 13, 14}};
 inline const OpVersions kMul{"Mul", {1, 6, 7, 13, 14}};
 inline const OpVersions kDiv{"Div", {1, 6, 7, 13, 14}};
+// Emitted (and for InstanceNormalization read) by norm-fuse; GroupNormalization-18 is never emitted.
+inline const OpVersions kLayerNormalization{"LayerNormalization", {17}};
+inline const OpVersions kRmsNormalization{"RMSNormalization", {23}};
+inline const OpVersions kGroupNormalization{"GroupNormalization", {18, 21}};
+inline const OpVersions kInstanceNormalization{"InstanceNormalization", {1, 6, 22}};
 inline const OpVersions kAddNumpyBroadcast{"Add", {7, 13, 14}};
 inline const OpVersions kMulNumpyBroadcast{"Mul", {7, 13, 14}};
 

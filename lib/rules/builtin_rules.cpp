@@ -22,6 +22,7 @@ const std::vector<std::unique_ptr<Rule>>& builtinRules() {
     list.push_back(rules::makeExpandTrainingBatchNorm());
     list.push_back(rules::makeDecomposeBatchNorm());      // last among BN rules: only what nothing else handles
     list.push_back(rules::makeDecomposeNorm());         // rooted at the other normalizations
+    list.push_back(rules::makeFuseNormalization());     // rooted at Div/Mul: a decomposed LayerNorm or RMSNorm
     list.push_back(rules::makeAbsorbAddIntoBias());     // rooted at Add: order does not matter for BN
     list.push_back(rules::makeFoldScaleIntoWeights());  // rooted at Mul
     list.push_back(rules::makeEqualizeLayers());        // rooted at layers; runs after the others' fixed point

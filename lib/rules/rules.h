@@ -16,4 +16,5 @@ std::unique_ptr<Rule> makeEqualizeLayers();          // equalize (off by default
 std::unique_ptr<Rule> makeAbsorbHighBias();          // absorb-high-bias (off by default; after equalize)
 std::unique_ptr<Rule> makeDecomposeBatchNorm();        // bn-decompose (off by default)
 std::unique_ptr<Rule> makeDecomposeNorm();             // norm-decompose (off by default)
+std::unique_ptr<Rule> makeFuseNormalization();         // norm-fuse
 }  // namespace bnfold::rules

@@ -174,3 +174,30 @@ TEST_CASE("remembered shapes: a rule context not following the rewriter forgets 
     CHECK(shapeText(context.knownShape(*sum)) == shapeText(sum));
   }
 }
+
+TEST_CASE("shapes through a decomposed LayerNorm, an attention's batched MatMul and the fused norm ops", "[shape]") {
+  auto model = parseModel(R"(<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,4,8] x) => (float[2,4,8] y)
+<float two = {2}, float[8] gamma = {1,1,1,1,1,1,1,1}>
+{
+  mean = ReduceMean <axes = [-1]> (x)
+  flat = ReduceMean <axes = [1, 2], keepdims = 0> (x)
+  whole = ReduceMean (x)
+  d = Sub (x, mean)
+  sq = Pow (d, two)
+  kt = Transpose <perm = [0, 2, 1]> (x)
+  scores = MatMul (x, kt)
+  mixed = MatMul (scores, x)
+  ln = LayerNormalization <axis = -1> (mixed, gamma)
+  y = Add (ln, sq)
+}
+)");
+  const Graph& graph = model->graph();
+  CHECK(shapeText(graph.findLocal("mean")) == "[2,4,1]");
+  CHECK(shapeText(graph.findLocal("flat")) == "[2]");
+  CHECK(shapeText(graph.findLocal("whole")) == "[1,1,1]");
+  CHECK(shapeText(graph.findLocal("sq")) == "[2,4,8]");
+  CHECK(shapeText(graph.findLocal("scores")) == "[2,4,4]");
+  CHECK(shapeText(graph.findLocal("mixed")) == "[2,4,8]");
+  CHECK(shapeText(graph.findLocal("ln")) == "[2,4,8]");
+}

@@ -328,6 +328,28 @@ TEST_CASE("verify: bn-decompose with a wrong multiplier fails", "[verify]") {
   expectCaught(c, {largestConstantOf("Mul", 3), nudgeLargest(0.1)});
 }
 
+TEST_CASE("verify: norm-fuse with a wrong gamma or beta on the LayerNormalization fails", "[verify]") {
+  const std::string text = R"(<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3,8] x) => (float[2,3,8] y)
+<)" + floats("gamma", {8}, 31.0) + ", " + floats("beta", {8}, 32.0) + R"(, float eps = {1e-5}, float two = {2}>
+{
+  mean = ReduceMean <axes = [-1]> (x)
+  d = Sub (x, mean)
+  sq = Pow (d, two)
+  var = ReduceMean <axes = [-1]> (sq)
+  ve = Add (var, eps)
+  s = Sqrt (ve)
+  n = Div (d, s)
+  g = Mul (n, gamma)
+  y = Add (g, beta)
+}
+)";
+  const RuleCase c{"norm-fuse", text, "norms_fused", "Div_0", {}};
+  expectPasses(c);
+  SECTION("gamma") { expectCaught(c, {inputOf("LayerNormalization", 1), nudgeLargest(0.1)}); }
+  SECTION("beta") { expectCaught(c, {inputOf("LayerNormalization", 2), addTo(3, 1.0)}); }
+}
+
 TEST_CASE("verify: train-bn-expand with a wrong emitted constant fails", "[verify]") {
   const RuleCase c{"train-bn-expand", trainingBnText(), "expanded", "BatchNormalization_0", {}};
   expectPasses(c);

@@ -30,11 +30,16 @@ inline std::ostream& operator<<(std::ostream& out, ReasonCode code) { return out
 
 namespace reason {
 inline constexpr ReasonCode kActivationNotRelu{"activation-not-relu"};
+inline constexpr ReasonCode kAxesDiffer{"axes-differ"};
+inline constexpr ReasonCode kAxesNotTrailing{"axes-not-trailing"};
 inline constexpr ReasonCode kBnHasOtherConsumers{"bn-has-other-consumers"};
 inline constexpr ReasonCode kChannelAxisMismatch{"channel-axis-mismatch"};
 inline constexpr ReasonCode kConstantTooLarge{"constant-too-large"};
 inline constexpr ReasonCode kEmptyStatistics{"empty-statistics"};
+inline constexpr ReasonCode kEpsilonNotScalar{"epsilon-not-scalar"};
+inline constexpr ReasonCode kExponentNotTwo{"exponent-not-two"};
 inline constexpr ReasonCode kFreezeNotRequested{"freeze-not-requested"};
+inline constexpr ReasonCode kIntermediateHasOtherReaders{"intermediate-has-other-readers"};
 inline constexpr ReasonCode kInvalidVariance{"invalid-variance"};
 inline constexpr ReasonCode kKeptByUser{"kept-by-user"};
 inline constexpr ReasonCode kLayerHasNoBias{"layer-has-no-bias"};
@@ -54,6 +59,8 @@ inline constexpr ReasonCode kNoRuleEnabled{"no-rule-enabled"};
 inline constexpr ReasonCode kNonFiniteParams{"non-finite-params"};
 inline constexpr ReasonCode kNonHomogeneousActivation{"non-homogeneous-activation"};
 inline constexpr ReasonCode kNonSpatialTraining{"non-spatial-training"};
+inline constexpr ReasonCode kNormOpNotInOpset{"norm-op-not-in-opset"};
+inline constexpr ReasonCode kNotANormChain{"not-a-norm-chain"};
 inline constexpr ReasonCode kNotImproving{"not-improving"};
 inline constexpr ReasonCode kNotPerChannel{"not-per-channel"};
 inline constexpr ReasonCode kNotTrainingMode{"not-training-mode"};
