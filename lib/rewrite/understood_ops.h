@@ -35,6 +35,8 @@ inline const OpVersions kMin{"Min", {1, 6, 8, 12, 13}};
 inline const OpVersions kSlice{"Slice", {1, 10, 11, 13}};
 inline const OpVersions kGather{"Gather", {1, 11, 13}};
 inline const OpVersions kExpand{"Expand", {8, 13}};
+inline const OpVersions kLayerNormalization{"LayerNormalization", {17}};
+inline const OpVersions kRMSNormalization{"RMSNormalization", {23}};
 inline const OpVersions kConstantOfShape{"ConstantOfShape", {9, 20, 21, 23, 24, 25}};
 // Positively homogeneous activations (equalize looks through them).
 inline const OpVersions kRelu{"Relu", {1, 6, 13, 14}};
