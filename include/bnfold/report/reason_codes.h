@@ -30,11 +30,13 @@ inline std::ostream& operator<<(std::ostream& out, ReasonCode code) { return out
 
 namespace reason {
 inline constexpr ReasonCode kActivationNotRelu{"activation-not-relu"};
+inline constexpr ReasonCode kAffineVariesOffAxis{"affine-varies-off-axis"};
 inline constexpr ReasonCode kBnHasOtherConsumers{"bn-has-other-consumers"};
 inline constexpr ReasonCode kChannelAxisMismatch{"channel-axis-mismatch"};
 inline constexpr ReasonCode kConstantTooLarge{"constant-too-large"};
 inline constexpr ReasonCode kEmptyStatistics{"empty-statistics"};
 inline constexpr ReasonCode kFreezeNotRequested{"freeze-not-requested"};
+inline constexpr ReasonCode kIdentityAffine{"identity-affine"};
 inline constexpr ReasonCode kInvalidVariance{"invalid-variance"};
 inline constexpr ReasonCode kKeptByUser{"kept-by-user"};
 inline constexpr ReasonCode kLayerHasNoBias{"layer-has-no-bias"};
@@ -66,6 +68,7 @@ inline constexpr ReasonCode kParamsOverridable{"params-overridable"};
 inline constexpr ReasonCode kQuantizedWeights{"quantized-weights"};
 inline constexpr ReasonCode kRankTooLow{"rank-too-low"};
 inline constexpr ReasonCode kRankUnknown{"rank-unknown"};
+inline constexpr ReasonCode kReaderContractsOtherAxis{"reader-contracts-other-axis"};
 inline constexpr ReasonCode kReaderNotLayer{"reader-not-layer"};
 inline constexpr ReasonCode kResidualAdd{"residual-add"};
 inline constexpr ReasonCode kRunningStatsUndefined{"running-stats-undefined"};
