@@ -296,7 +296,8 @@ const std::unordered_map<std::string, OpShapeRule>& shapeRules() {
     for (const char* op : {"Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Clip", "Elu",
                            "Selu", "Celu", "Softplus", "Softsign", "Gelu", "Mish", "Identity", "Dropout", "Neg", "Abs",
                            "Exp", "Log", "Sqrt", "Erf", "Reciprocal", "Softmax", "LogSoftmax", "LRN",
-                           "BatchNormalization", "InstanceNormalization", "ThresholdedRelu", "Shrink"})
+                           "BatchNormalization", "InstanceNormalization", "ThresholdedRelu", "Shrink",
+                           "LayerNormalization", "RMSNormalization"})
       table.emplace(op, OpShapeRule{sameShapeAsInput, sameTypeAsInput, 1});
     for (const char* op : {"LayerNormalization", "RMSNormalization", "GroupNormalization"})
       table.emplace(op, OpShapeRule{sameShapeAsInput, sameTypeAsInput, 1});

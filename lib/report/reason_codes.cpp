@@ -6,6 +6,7 @@ const std::vector<ReasonCodeInfo>& reasonCodes() {
   using namespace reason;
   static const std::vector<ReasonCodeInfo> codes = {
       {kActivationNotRelu, "the layer's output goes through no Relu (or another activation) before the next layer (absorb-high-bias)"},
+      {kAffineVariesOffAxis, "the norm's scale or bias varies along an axis the layers reading it do not contract (norm-affine-forward)"},
       {kAxesDiffer, "the two means of a decomposed norm reduce different axes (norm-fuse)"},
       {kAxesNotTrailing, "a decomposed norm reduces axes that are not its input's trailing ones (norm-fuse)"},
       {kBnHasOtherConsumers, "the BN's output is read by more than the one layer it would fold into (bn-forward)"},
@@ -15,6 +16,7 @@ const std::vector<ReasonCodeInfo>& reasonCodes() {
       {kEpsilonNotScalar, "the epsilon of a decomposed norm is not a single constant value (norm-fuse)"},
       {kExponentNotTwo, "the variance of a decomposed norm averages something other than a square (norm-fuse)"},
       {kFreezeNotRequested, "training-mode BN is frozen only with --freeze-train-bn"},
+      {kIdentityAffine, "the norm's scale is 1 and its bias 0: nothing to move (norm-affine-forward)"},
       {kIntermediateHasOtherReaders, "a value inside a decomposed norm is read outside it, or is a graph output (norm-fuse)"},
       {kInvalidVariance, "var + epsilon is zero or negative, so the BN divides by zero or a complex number"},
       {kKeptByUser, "--keep/--keep-op protects the node"},
@@ -51,8 +53,9 @@ const std::vector<ReasonCodeInfo>& reasonCodes() {
       {kQuantizedWeights, "a weight is computed by DequantizeLinear: quantized weights are not folded into"},
       {kRankTooLow, "the BN's input has rank below 2, where BatchNormalization needs [N, C, ...]"},
       {kRankUnknown, "the rank (or a needed dim) of a tensor on the path is not known"},
-      {kReaderNotLayer, "the activation's output is not read by one Conv, ConvTranspose, Gemm or MatMul as its data input (equalize)"},
-      {kResidualAdd, "the output is added to another path (a residual Add), which would need the same scales (equalize)"},
+      {kReaderContractsOtherAxis, "a layer reading the norm's output contracts another axis than the last (a MatMul's second input, Gemm transA=1) (norm-affine-forward)"},
+      {kReaderNotLayer, "the activation's output is not read by one Conv, ConvTranspose, Gemm or MatMul as its data input (equalize); the norm's output is read by another node or is a graph output (norm-affine-forward)"},
+      {kResidualAdd, "the output is added to another path (a residual Add), which would need the same scales (equalize) or keep the norm's scale and bias (norm-affine-forward)"},
       {kRunningStatsUndefined, "mean/var are empty, yet the running statistics computed from them are read"},
       {kSavedStatisticsRead, "saved_mean/saved_var are read, which an inference-mode BN does not compute"},
       {kSharedWeights, "a weight or bias the rewrite would change is read by another node too (equalize)"},

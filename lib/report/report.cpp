@@ -74,7 +74,8 @@ const nlohmann::json& Report::json() const {
 }
 
 bool Report::isLeftAloneSection(const std::string& key) {
-  return key == "skipped" || key == "not_equalized" || key == "high_bias_not_absorbed";
+  return key == "skipped" || key == "not_equalized" || key == "high_bias_not_absorbed" ||
+         key == "norm_affine_not_forwarded";
 }
 
 std::size_t Report::rewriteCount() const {

@@ -189,6 +189,17 @@ Node* replaceMatMulWithGemm(Rewriter& rewriter, const AffineLayer& layer, const 
   return gemm;
 }
 
+Node* addBiasAfterMatMul(Rewriter& rewriter, const AffineLayer& layer, const std::vector<double>& bias) {
+  const Node* matMul = layer.node;
+  Value* biasValue = addTensor(rewriter, *matMul, layer.type(), {layer.outputChannels}, bias, matMul->name() + "_bias");
+  const Node* product = rewriter.createNode(matMul, "MatMul", {matMul->input(0), matMul->input(1)},
+                                            {matMul->output(0)->name() + "_unbiased"}, matMul->name());
+  Node* add = rewriter.createNode(matMul, "Add", {product->output(0), biasValue}, {matMul->output(0)->name()},
+                                  matMul->name() + "_bias_add", broadcastAttributes(modelOpset(rewriter)));
+  rewriter.replaceValueKeepingName(matMul->output(0), add->output(0));
+  return add;
+}
+
 std::string writeScaledWeight(Rewriter& rewriter, const AffineLayer& layer, ChannelSide side,
                               std::vector<double> scale, const std::string& suffix) {
   const auto dims = layer.weight->dims();

@@ -89,6 +89,11 @@ std::string writeBias(Rewriter& rewriter, const AffineLayer& layer, const kernel
 Node* replaceMatMulWithGemm(Rewriter& rewriter, const AffineLayer& layer, const std::vector<double>& bias,
                             const Value* replaced);
 
+/// A MatMul of any rank takes a bias through an Add after it: MatMul(A, B) named after `layer`'s MatMul, then
+/// Add(that, bias) with `bias` as a new [N] initializer "<MatMul>_bias" (broadcast=1 before opset 7), whose output
+/// takes over the MatMul's output and its name. Returns the Add.
+Node* addBiasAfterMatMul(Rewriter& rewriter, const AffineLayer& layer, const std::vector<double>& bias);
+
 /// Which channels of a layer a per-channel factor applies to.
 enum class ChannelSide { Output, Input };
 

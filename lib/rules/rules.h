@@ -12,6 +12,7 @@ std::unique_ptr<Rule> makeExpandTrainingBatchNorm();   // train-bn-expand
 std::unique_ptr<Rule> makeAbsorbAddIntoBias();         // bias-add
 std::unique_ptr<Rule> makeFoldScaleIntoWeights();      // scale-fold
 std::unique_ptr<Rule> makeFoldBatchNormForward();      // bn-forward
+std::unique_ptr<Rule> makeFoldNormAffineForward();     // norm-affine-forward
 std::unique_ptr<Rule> makeEqualizeLayers();          // equalize (off by default; after the others' fixed point)
 std::unique_ptr<Rule> makeAbsorbHighBias();          // absorb-high-bias (off by default; after equalize)
 std::unique_ptr<Rule> makeDecomposeBatchNorm();        // bn-decompose (off by default)

@@ -96,6 +96,17 @@ std::optional<Dims> standInShape(const Region& region, const RuntimeInput& input
     dims[rank - 1] = k;
     return dims;
   }
+  if ((op == "LayerNormalization" || op == "RMSNormalization") && slot == 0) {
+    // The scale spans the normalized (trailing) dims; the others get small sizes.
+    const ConstantOperand* scale = constantInput(region, *reader, 1);
+    if (!scale) return std::nullopt;
+    const std::size_t rank = known ? known->size() : scale->dims.size() + 1;
+    if (rank < scale->dims.size() || rank == 0) return std::nullopt;
+    Dims dims(rank, 3);
+    dims[0] = kStandInBatch;
+    std::copy(scale->dims.begin(), scale->dims.end(), dims.end() - static_cast<std::ptrdiff_t>(scale->dims.size()));
+    return dims;
+  }
   // Element-wise with a constant: the constant's non-1 dims are the channels; the rest gets small sizes.
   if (known && (op == "Add" || op == "Sub" || op == "Mul" || op == "Div")) {
     const ConstantOperand* other = constantInput(region, *reader, 1 - std::min<std::size_t>(slot, 1));

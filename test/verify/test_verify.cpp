@@ -69,6 +69,20 @@ g (float[1,3,6,6] x) => (float[1,4,4,4] y)
 )";
 }
 
+// LayerNorm before the Q and K projections of a [B, T, D] input: norm-affine-forward.
+std::string layerNormMatMulsText() {
+  return R"(<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3,4] x) => (float[2,3,5] q, float[2,3,5] k)
+<)" + floats("wq", {4, 5}, 6.0) + ", " + floats("wk", {4, 5}, 7.0) +
+         R"(, float[4] gamma = {1.5, -0.5, 0.75, 2}, float[4] beta = {0.25, -1, 0.5, 0.125}>
+{
+  n = LayerNormalization (x, gamma, beta)
+  q = MatMul (n, wq)
+  k = MatMul (n, wk)
+}
+)";
+}
+
 // Conv then a per-channel constant Add: bias-add.
 std::string convAddText() {
   return R"(<ir_version: 8, opset_import: ["" : 13]>
@@ -308,6 +322,13 @@ TEST_CASE("verify: bn-forward with a wrong folded weight fails", "[verify]") {
   const RuleCase c{"bn-forward", bnConvText(), "folds", "BatchNormalization_0", {}};
   expectPasses(c);
   expectCaught(c, {inputOf("Conv", 1), nudgeLargest(0.1)});
+}
+
+TEST_CASE("verify: norm-affine-forward with a wrong scaled weight or bias fails", "[verify]") {
+  const RuleCase c{"norm-affine-forward", layerNormMatMulsText(), "norm_affine_forwarded", "LayerNormalization_0", {}};
+  expectPasses(c);
+  SECTION("largest element of a scaled weight off by 10%") { expectCaught(c, {inputOf("MatMul", 1), nudgeLargest(0.1)}); }
+  SECTION("one element of an added bias off by 1") { expectCaught(c, {inputOf("Add", 1), addTo(1, 1.0)}); }
 }
 
 TEST_CASE("verify: bias-add with a wrong new bias fails", "[verify]") {

@@ -30,6 +30,7 @@ inline std::ostream& operator<<(std::ostream& out, ReasonCode code) { return out
 
 namespace reason {
 inline constexpr ReasonCode kActivationNotRelu{"activation-not-relu"};
+inline constexpr ReasonCode kAffineVariesOffAxis{"affine-varies-off-axis"};
 inline constexpr ReasonCode kAxesDiffer{"axes-differ"};
 inline constexpr ReasonCode kAxesNotTrailing{"axes-not-trailing"};
 inline constexpr ReasonCode kBnHasOtherConsumers{"bn-has-other-consumers"};
@@ -39,6 +40,7 @@ inline constexpr ReasonCode kEmptyStatistics{"empty-statistics"};
 inline constexpr ReasonCode kEpsilonNotScalar{"epsilon-not-scalar"};
 inline constexpr ReasonCode kExponentNotTwo{"exponent-not-two"};
 inline constexpr ReasonCode kFreezeNotRequested{"freeze-not-requested"};
+inline constexpr ReasonCode kIdentityAffine{"identity-affine"};
 inline constexpr ReasonCode kIntermediateHasOtherReaders{"intermediate-has-other-readers"};
 inline constexpr ReasonCode kInvalidVariance{"invalid-variance"};
 inline constexpr ReasonCode kKeptByUser{"kept-by-user"};
@@ -73,6 +75,7 @@ inline constexpr ReasonCode kParamsOverridable{"params-overridable"};
 inline constexpr ReasonCode kQuantizedWeights{"quantized-weights"};
 inline constexpr ReasonCode kRankTooLow{"rank-too-low"};
 inline constexpr ReasonCode kRankUnknown{"rank-unknown"};
+inline constexpr ReasonCode kReaderContractsOtherAxis{"reader-contracts-other-axis"};
 inline constexpr ReasonCode kReaderNotLayer{"reader-not-layer"};
 inline constexpr ReasonCode kResidualAdd{"residual-add"};
 inline constexpr ReasonCode kRunningStatsUndefined{"running-stats-undefined"};
