@@ -76,6 +76,9 @@ std::vector<std::string> parseRuleSelection(const std::string& selection) {
       chosen.insert(name);
     }
   }
+  // norm-decompose undoes what norm-fuse does: asked for both (e.g. "all"), they would rewrite each other's output
+  // forever. Asking for the decomposition wins.
+  if (chosen.count("norm-decompose")) chosen.erase("norm-fuse");
   std::vector<std::string> ordered;
   for (const auto& rule : builtinRules())
     if (chosen.count(rule->name())) ordered.push_back(rule->name());

@@ -226,3 +226,15 @@ g (float[2,4] x, float[4] s) => (float[2,4] y)
   const Report report = applyRules(*model, parseRuleSelection("default"));
   CHECK(countOps(*model, "LayerNormalization") == 1);
 }
+
+TEST_CASE("norm-decompose: asked for with norm-fuse (--rules all), it wins and the two never undo each other",
+          "[norm-decompose]") {
+  auto has = [](const std::vector<std::string>& rules, const std::string& name) {
+    return std::find(rules.begin(), rules.end(), name) != rules.end();
+  };
+  const std::vector<std::string> all = bnfold::parseRuleSelection("all");
+  CHECK(has(all, "norm-decompose"));
+  CHECK_FALSE(has(all, "norm-fuse"));
+  CHECK_FALSE(has(bnfold::parseRuleSelection("+norm-decompose"), "norm-fuse"));
+  CHECK(has(bnfold::parseRuleSelection("default"), "norm-fuse"));
+}
