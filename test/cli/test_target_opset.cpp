@@ -56,7 +56,7 @@ int64_t fileOpset(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("--target-opset 17 converts an opset-14 LayerNorm chain: same outputs in ONNX Runtime, report says so",
+TEST_CASE("target-opset: 17 converts an opset-14 LayerNorm chain: same outputs in ONNX Runtime, report says so",
           "[target-opset]") {
   TempDir dir;
   onnx::ModelProto proto = parseModelProto(kLayerNormChain);
@@ -93,7 +93,7 @@ TEST_CASE("--target-opset 17 converts an opset-14 LayerNorm chain: same outputs 
   CHECK(runCommand(cli("check " + input + " --target-opset 17"), &out, &err) == 0);
 }
 
-TEST_CASE("--target-opset refuses what it cannot convert or would drop, and writes nothing", "[target-opset]") {
+TEST_CASE("target-opset: refuses what it cannot convert or would drop, and writes nothing", "[target-opset]") {
   TempDir dir;
   onnx::ModelProto proto = parseModelProto(kLayerNormChain);
   const std::string plain = writeModel(dir, "plain.onnx", proto);
