@@ -70,44 +70,126 @@ struct LayerPairs {
   std::size_t runs() const { return out.size(); }
 };
 
+std::size_t elementCountOf(const ChainLayer& layer) {
+  if (!layer.read) return layer.weights.size();
+  std::size_t count = 1;
+  for (std::int64_t d : layer.dims) count *= static_cast<std::size_t>(d);
+  return count;
+}
+
 void checkLayerDims(const char* function, const std::optional<ChannelIndexing>& indexing,
                     const std::optional<std::int64_t>& channels, const ChainLayer& layer) {
   if (!indexing || !channels) throw std::invalid_argument(std::string(function) + ": dims do not fit the layout");
   std::size_t count = 1;
   for (std::int64_t d : layer.dims) count *= static_cast<std::size_t>(d);
-  if (count != layer.weights.size())
+  if (count != elementCountOf(layer))
     throw std::invalid_argument(std::string(function) + ": dims do not match the " +
-                                std::to_string(layer.weights.size()) + " weights");
+                                std::to_string(elementCountOf(layer)) + " weights");
 }
 
-LayerPairs layerPairs(const ChainLayer& layer) {
+// A layer's channel indexing on both sides, checked against its dims and data.
+struct LayerShape {
+  ChannelIndexing out, in;
+  std::size_t outChannels = 0, inChannels = 0;
+  std::int64_t count = 0;
+};
+
+LayerShape layerShape(const ChainLayer& layer) {
   const auto outIndexing = outputChannelIndexing(layer.layout, layer.dims);
   const auto inIndexing = inputChannelIndexing(layer.layout, layer.dims);
   const auto outChannels = outputChannelCount(layer.layout, layer.dims);
   const auto inChannels = inputChannelCount(layer.layout, layer.dims);
   checkLayerDims("outputChannelRanges", outIndexing, outChannels, layer);
   checkLayerDims("inputChannelRanges", inIndexing, inChannels, layer);
-  LayerPairs pairs;
-  pairs.outChannels = static_cast<std::size_t>(*outChannels);
-  pairs.inChannels = static_cast<std::size_t>(*inChannels);
-  const auto count = static_cast<std::int64_t>(layer.weights.size());
-  forEachChannelRun(*outIndexing, 0, count, [&](std::int64_t offset, std::int64_t length, std::int64_t out) {
-    forEachChannelRun(*inIndexing, offset, length, [&](std::int64_t inner, std::int64_t innerLength, std::int64_t in) {
-      double largest = 0.0, squares = 0.0;
-      for (std::int64_t e = offset + inner; e < offset + inner + innerLength; ++e) {
-        const double w = layer.weights[static_cast<std::size_t>(e)];
-        largest = std::max(largest, std::abs(w));
-        squares += w * w;
+  return {*outIndexing, *inIndexing, static_cast<std::size_t>(*outChannels), static_cast<std::size_t>(*inChannels),
+          static_cast<std::int64_t>(elementCountOf(layer))};
+}
+
+// A layer's weights in element order, a piece at a time: in place when held as doubles, else read through the
+// layer's reader into a small buffer (a large weight is never copied whole).
+class WeightStream {
+ public:
+  WeightStream(const ChainLayer& layer, std::int64_t count) : layer_(layer), count_(count) {
+    if (layer_.read) buffer_.resize(static_cast<std::size_t>(std::min(kPiece, count_)));
+  }
+
+  // piece(weights, length) on consecutive pieces of elements [first, first + count).
+  template <typename Piece>
+  void forEach(std::int64_t first, std::int64_t count, Piece&& piece) {
+    if (!layer_.read) {
+      piece(layer_.weights.data() + first, count);
+      return;
+    }
+    while (count > 0) {
+      if (first < bufferFirst_ || first >= bufferFirst_ + bufferCount_) {
+        bufferFirst_ = first;
+        bufferCount_ = std::min(kPiece, count_ - first);
+        layer_.read(first, bufferCount_, buffer_.data());
       }
-      pairs.start.push_back(offset + inner);
-      pairs.out.push_back(static_cast<std::size_t>(out));
-      pairs.in.push_back(static_cast<std::size_t>(in));
-      pairs.largest.push_back(largest);
-      pairs.squares.push_back(squares);
+      const std::int64_t length = std::min(count, bufferFirst_ + bufferCount_ - first);
+      piece(buffer_.data() + (first - bufferFirst_), length);
+      first += length;
+      count -= length;
+    }
+  }
+
+ private:
+  static constexpr std::int64_t kPiece = 8192;
+  const ChainLayer& layer_;
+  std::int64_t count_;
+  std::vector<double> buffer_;
+  std::int64_t bufferFirst_ = 0, bufferCount_ = 0;
+};
+
+// visit(out, in, first, length, largest, squares) per run of elements that share one output and one input channel,
+// in element order, with the run's largest |w| and sum of squares.
+template <typename Visit>
+void forEachChannelPair(const ChainLayer& layer, const LayerShape& shape, Visit&& visit) {
+  WeightStream stream(layer, shape.count);
+  forEachChannelRun(shape.out, 0, shape.count, [&](std::int64_t offset, std::int64_t length, std::int64_t out) {
+    forEachChannelRun(shape.in, offset, length, [&](std::int64_t inner, std::int64_t innerLength, std::int64_t in) {
+      double largest = 0.0, squares = 0.0;
+      stream.forEach(offset + inner, innerLength, [&](const double* weights, std::int64_t count) {
+        for (std::int64_t e = 0; e < count; ++e) {
+          const double w = weights[e];
+          largest = std::max(largest, std::abs(w));
+          squares += w * w;
+        }
+      });
+      visit(static_cast<std::size_t>(out), static_cast<std::size_t>(in), offset + inner, innerLength, largest,
+            squares);
     });
   });
-  pairs.start.push_back(count);
+}
+
+// The shape's channel counts, no runs yet.
+LayerPairs emptyPairs(const LayerShape& shape) {
+  LayerPairs pairs;
+  pairs.outChannels = shape.outChannels;
+  pairs.inChannels = shape.inChannels;
   return pairs;
+}
+
+LayerPairs layerPairs(const ChainLayer& layer, const LayerShape& shape) {
+  LayerPairs pairs = emptyPairs(shape);
+  forEachChannelPair(layer, shape,
+                     [&](std::size_t out, std::size_t in, std::int64_t first, std::int64_t, double largest,
+                         double squares) {
+                       pairs.start.push_back(first);
+                       pairs.out.push_back(out);
+                       pairs.in.push_back(in);
+                       pairs.largest.push_back(largest);
+                       pairs.squares.push_back(squares);
+                     });
+  pairs.start.push_back(shape.count);
+  return pairs;
+}
+
+// out[o] = sum over the pairs (o, i), in order, of their sum of squares times power[i].
+std::vector<double> forwardPower(const LayerPairs& runs, const std::vector<double>& power) {
+  std::vector<double> out(runs.outChannels, 0.0);
+  for (std::size_t r = 0; r < runs.runs(); ++r) out[runs.out[r]] += runs.squares[r] * power[runs.in[r]];
+  return out;
 }
 
 // The squared int8 rounding error of a group of `count` weights with the given largest magnitude and sum of
@@ -123,6 +205,14 @@ inline double groupRoundingNoise(double largest, double count, double squares, d
 // output side: the estimate sums those per output (input) channel, a group every candidate scales by one factor.
 struct ChannelGroups {
   std::vector<double> largest, count, squares;
+
+  explicit ChannelGroups(std::size_t channels) : largest(channels, 0.0), count(channels, 0.0), squares(channels, 0.0) {}
+
+  void add(std::size_t c, std::int64_t length, double runLargest, double runSquares) {
+    largest[c] = std::max(largest[c], runLargest);
+    count[c] += static_cast<double>(length);
+    squares[c] += runSquares;
+  }
 
   ChannelGroups(const LayerPairs& pairs, bool byOutput) {
     const std::vector<std::size_t>& channelOf = byOutput ? pairs.out : pairs.in;
@@ -144,15 +234,71 @@ struct ChannelGroups {
 // The data-free noise model of chainInt8Noise: per layer, the power of each input channel and the gain of each
 // output channel to the chain's output, in the coordinates of the weights as given.
 struct ChainNoise::Model {
-  Model(const std::vector<ChainLayer>& chain, NoiseMeasure noiseMeasure) : layers(chain), measure(noiseMeasure) {
+  Model(const std::vector<ChainLayer>& chain, NoiseMeasure noiseMeasure)
+      : layers(chain), measure(noiseMeasure), byChannel(noiseMeasure == NoiseMeasure::Estimated && chain.size() >= 2) {
     if (layers.empty()) throw std::invalid_argument("equalize: a chain needs a layer");
-    for (const ChainLayer& layer : layers) pairs.push_back(layerPairs(layer));
+    for (const ChainLayer& layer : layers) {
+      if (measure == NoiseMeasure::Exact && layer.read)
+        throw std::invalid_argument("equalize: the exact noise needs every weight as a double");
+      shapes.push_back(layerShape(layer));
+    }
     for (std::size_t k = 0; k + 1 < layers.size(); ++k)
-      if (pairs[k].outChannels != pairs[k + 1].inChannels)
+      if (shapes[k].outChannels != shapes[k + 1].inChannels)
         throw std::invalid_argument("equalize: layer " + std::to_string(k) +
                                     "'s output channels do not match layer " + std::to_string(k + 1) +
                                     "'s input channels");
+    for (std::size_t k = 0; k < layers.size(); ++k) {
+      const bool summarisedByChannel = byChannel && (k == 0 || k + 1 == layers.size());
+      pairs.push_back(summarisedByChannel ? emptyPairs(shapes[k]) : layerPairs(layers[k], shapes[k]));
+      pairsBuilt.push_back(!summarisedByChannel);
+    }
+    if (byChannel) summariseEnds();
     remembered.resize(layers.size());
+  }
+
+  // Layer k's channel pairs, read now if only its channel summaries were kept.
+  const LayerPairs& fullPairs(std::size_t k) const {
+    if (!pairsBuilt[k]) {
+      pairs[k] = layerPairs(layers[k], shapes[k]);
+      pairsBuilt[k] = true;
+    }
+    return pairs[k];
+  }
+
+  // The chain's first and last layers, each scaled on one side only, as per-channel summaries on that side
+  // (ChannelGroups), with the powers, gains and signal that need them, in the order propagate() sums them.
+  void summariseEnds() {
+    const std::size_t n = layers.size();
+    firstByOutput.emplace(shapes.front().outChannels);
+    forEachChannelPair(layers.front(), shapes.front(),
+                       [&](std::size_t out, std::size_t, std::int64_t, std::int64_t length, double largest,
+                           double squares) { firstByOutput->add(out, length, largest, squares); });
+    power.resize(n);
+    power[0].assign(shapes.front().inChannels, 1.0);
+    power[1] = firstByOutput->squares;  // each pair's squares times the unit power of its input
+    for (std::size_t k = 1; k + 1 < n; ++k) power[k + 1] = forwardPower(pairs[k], power[k]);
+    lastByInput.emplace(shapes.back().inChannels);
+    std::vector<double> out(shapes.back().outChannels, 0.0);
+    forEachChannelPair(layers.back(), shapes.back(),
+                       [&](std::size_t o, std::size_t in, std::int64_t, std::int64_t length, double largest,
+                           double squares) {
+                         lastByInput->add(in, length, largest, squares);
+                         out[o] += squares * power[n - 1][in];
+                       });
+    for (double p : out) signal += p;
+    gain.resize(n);
+    gain[n - 1].assign(shapes.back().outChannels, 1.0);
+    gain[n - 2] = lastByInput->squares;  // each pair's squares times the unit gain of its output
+    for (std::size_t k = n - 2; k > 0; --k) gain[k - 1] = backwardGain(k);
+    propagated = true;
+  }
+
+  // gain[k - 1][i] = sum over layer k's pairs (o, i), in order, of their sum of squares times gain[k][o].
+  std::vector<double> backwardGain(std::size_t k) const {
+    const LayerPairs& runs = pairs[k];
+    std::vector<double> in(power[k].size(), 0.0);
+    for (std::size_t r = 0; r < runs.runs(); ++r) in[runs.in[r]] += runs.squares[r] * gain[k][runs.out[r]];
+    return in;
   }
 
   // The powers, gains and signal (from each channel pair's sum of squares); only the noise needs them.
@@ -163,9 +309,7 @@ struct ChainNoise::Model {
     power.resize(n);
     power[0].assign(pairs[0].inChannels, 1.0);
     for (std::size_t k = 0; k < n; ++k) {
-      const LayerPairs& runs = pairs[k];
-      std::vector<double> out(runs.outChannels, 0.0);
-      for (std::size_t r = 0; r < runs.runs(); ++r) out[runs.out[r]] += runs.squares[r] * power[k][runs.in[r]];
+      std::vector<double> out = forwardPower(pairs[k], power[k]);
       if (k + 1 < n)
         power[k + 1] = std::move(out);
       else
@@ -173,11 +317,7 @@ struct ChainNoise::Model {
     }
     gain.resize(n);
     gain[n - 1].assign(pairs[n - 1].outChannels, 1.0);
-    for (std::size_t k = n - 1; k > 0; --k) {
-      const LayerPairs& runs = pairs[k];
-      gain[k - 1].assign(power[k].size(), 0.0);
-      for (std::size_t r = 0; r < runs.runs(); ++r) gain[k - 1][runs.in[r]] += runs.squares[r] * gain[k][runs.out[r]];
-    }
+    for (std::size_t k = n - 1; k > 0; --k) gain[k - 1] = backwardGain(k);
     if (measure == NoiseMeasure::Estimated) {
       firstByOutput.emplace(pairs.front(), true);
       lastByInput.emplace(pairs.back(), false);
@@ -277,7 +417,12 @@ struct ChainNoise::Model {
 
   const std::vector<ChainLayer>& layers;
   NoiseMeasure measure;
-  std::vector<LayerPairs> pairs;
+  // The estimate of a chain keeps its first and last layers as channel summaries (firstByOutput, lastByInput),
+  // their pairs only when asked for the side no link scales.
+  bool byChannel;
+  std::vector<LayerShape> shapes;
+  mutable std::vector<LayerPairs> pairs;
+  mutable std::vector<bool> pairsBuilt;
   mutable bool propagated = false;
   mutable std::vector<std::vector<double>> power, gain;
   mutable std::optional<ChannelGroups> firstByOutput, lastByInput;
@@ -310,9 +455,15 @@ std::vector<double> rescaledRanges(const ChainNoise::Model& model, std::size_t k
                                    const std::vector<std::vector<double>>& scales, bool byOutput) {
   if (scales.size() + 1 != model.layers.size())
     throw std::invalid_argument("equalize: one scale vector per link needed");
-  const LayerPairs& runs = model.pairs.at(k);
   const bool last = k + 1 == model.layers.size();
   const std::vector<double> outputInverse = last ? std::vector<double>() : inverse(scales[k]);
+  if (model.byChannel && ((k == 0 && byOutput) || (last && !byOutput))) {
+    // A channel's largest times a positive factor, rounded, is the largest of its pairs' rescaled maxima.
+    std::vector<double> ranges = k == 0 ? model.firstByOutput->largest : model.lastByInput->largest;
+    for (std::size_t c = 0; c < ranges.size(); ++c) ranges[c] *= k == 0 ? outputInverse[c] : scales[k - 1][c];
+    return ranges;
+  }
+  const LayerPairs& runs = model.fullPairs(k);
   std::vector<double> ranges(byOutput ? runs.outChannels : runs.inChannels, 0.0);
   for (std::size_t r = 0; r < runs.runs(); ++r) {
     double largest = runs.largest[r];
@@ -353,6 +504,10 @@ class SweptLayer {
     }
   }
 
+  // A layer scaled on one side, given as that side's channel ranges (the other side left empty).
+  SweptLayer(const LayerPairs& pairs, std::vector<double> outRanges, std::vector<double> inRanges)
+      : pairs_(pairs), bothScaled_(false), outRanges_(std::move(outRanges)), inRanges_(std::move(inRanges)) {}
+
   // Asked only for a side a link scales.
   std::vector<double> outputRanges() const {
     return bothScaled_ ? fromRuns(largest_, pairs_.out, pairs_.outChannels) : outRanges_;
@@ -388,8 +543,15 @@ class SweptLayer {
 std::vector<SweptLayer> sweptLayers(const NoiseModel& model, const std::vector<bool>& active) {
   std::vector<SweptLayer> layers;
   const std::size_t links = active.size();
-  for (std::size_t k = 0; k < model.pairs.size(); ++k)
-    layers.emplace_back(model.pairs[k], k > 0 && active[k - 1], k < links && active[k]);
+  const std::size_t n = model.pairs.size();
+  for (std::size_t k = 0; k < n; ++k) {
+    if (model.byChannel && k == 0)
+      layers.emplace_back(model.pairs[k], model.firstByOutput->largest, std::vector<double>());
+    else if (model.byChannel && k + 1 == n)
+      layers.emplace_back(model.pairs[k], std::vector<double>(), model.lastByInput->largest);
+    else
+      layers.emplace_back(model.pairs[k], k > 0 && active[k - 1], k < links && active[k]);
+  }
   return layers;
 }
 
@@ -587,7 +749,12 @@ double channelRelativeInt8Error(const WeightLayout& layout, const std::vector<do
 
 std::vector<double> equalizedWeights(const std::vector<ChainLayer>& layers,
                                      const std::vector<std::vector<double>>& scales, std::size_t k) {
-  std::vector<double> weights = layers.at(k).weights;
+  const ChainLayer& layer = layers.at(k);
+  std::vector<double> weights = layer.weights;
+  if (layer.read) {
+    weights.resize(elementCountOf(layer));
+    layer.read(0, static_cast<std::int64_t>(weights.size()), weights.data());
+  }
   if (k + 1 < layers.size()) scaleOutputChannels(layers[k].layout, weights, layers[k].dims, inverse(scales.at(k)));
   if (k > 0) scaleInputChannels(layers[k].layout, weights, layers[k].dims, scales.at(k - 1));
   return weights;

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -34,11 +35,17 @@ double relativeInt8Error(const std::vector<double>& weights);
 double channelRelativeInt8Error(const WeightLayout& layout, const std::vector<double>& weights, const Dims& dims,
                                 bool byOutput);
 
-/// One layer of a chain: its weight (flat, row-major) with its layout and dims.
+/// Copies elements [first, first + count) of a weight (flat, row-major), as doubles, into `out`.
+using WeightReader = std::function<void(std::int64_t first, std::int64_t count, double* out)>;
+
+/// One layer of a chain: its weight (flat, row-major) with its layout and dims. The weight is `weights`, or, when
+/// `read` is set, read through it a piece at a time (a large weight is then never held as doubles: the noise
+/// estimate keeps per-channel summaries, and channel-pair summaries only for layers scaled on both sides).
 struct ChainLayer {
   WeightLayout layout;
   std::vector<double> weights;
   Dims dims;
+  WeightReader read = nullptr;
 };
 
 /// How a chain's noise is measured for choosing its scales.
@@ -150,7 +157,7 @@ ChainScales equalizeChain(const std::vector<ChainLayer>& layers, const std::vect
 ChainScales equalizeChain(const ChainNoise& noise, const std::vector<bool>& candidate,
                           const EqualizeSettings& settings = {});
 
-/// The weights of layer k of the chain with the scales applied: output channels divided by scales[k] (when k is
+/// The weights of layer k of the chain with the scales applied (read whole when the layer has a reader): output channels divided by scales[k] (when k is
 /// not the last layer), input channels multiplied by scales[k-1] (when k is not the first).
 std::vector<double> equalizedWeights(const std::vector<ChainLayer>& layers,
                                      const std::vector<std::vector<double>>& scales, std::size_t k);

@@ -607,7 +607,7 @@ class EqualizeLayers final : public Rule {
     std::unique_ptr<kernels::ChainNoise>& noise = match->noise;
     if (links > 0) {
       for (const AffineLayer& layer : match->layers)
-        match->weights.push_back({layer.layout, layer.weight->toDoubles(), layer.weight->dims()});
+        match->weights.push_back({layer.layout, {}, layer.weight->dims(), weightReader(*layer.weight)});
       noise = std::make_unique<kernels::ChainNoise>(match->weights);
       match->scales = kernels::equalizeChain(*noise, std::vector<bool>(links, true));
       match->changed.assign(links, false);

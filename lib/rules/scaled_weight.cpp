@@ -1,6 +1,7 @@
 #include "scaled_weight.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -99,7 +100,49 @@ class ScaledBothSidesBytes final : public DeferredBytes {
   std::vector<double> outFactors_, inFactors_;
 };
 
+// Elements of type T at `bytes` as doubles, as Tensor::toDoubles converts them (16-bit types through float).
+template <typename T>
+void convertToDoubles(const char* bytes, int64_t count, double* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    T value;
+    std::memcpy(&value, bytes + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+    if constexpr (std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>)
+      out[i] = static_cast<double>(static_cast<float>(value));
+    else
+      out[i] = static_cast<double>(value);
+  }
+}
+
+using Converter = void (*)(const char*, int64_t, double*);
+
+Converter converterFor(DataType type) {
+  switch (type) {
+    case DataType::Float: return convertToDoubles<float>;
+    case DataType::Double: return convertToDoubles<double>;
+    case DataType::Float16: return convertToDoubles<Eigen::half>;
+    case DataType::BFloat16: return convertToDoubles<Eigen::bfloat16>;
+    default: throw std::invalid_argument(std::string("weight reader: ") + dataTypeName(type) + " is not floating");
+  }
+}
+
 }  // namespace
+
+kernels::WeightReader weightReader(const Tensor& weight) {
+  const Converter convert = converterFor(weight.dataType());
+  const auto elementBytes = static_cast<int64_t>(elementSize(weight.dataType()));
+  std::shared_ptr<const DeferredBytes> source = weight.byteSource();
+  if (const std::optional<std::string_view> held = source->inMemory())
+    return [source, held = *held, convert, elementBytes](int64_t first, int64_t count, double* out) {
+      convert(held.data() + first * elementBytes, count, out);
+    };
+  // One piece's bytes at a time, in a buffer the reader keeps.
+  auto piece = std::make_shared<std::vector<char>>();
+  return [source, piece, convert, elementBytes](int64_t first, int64_t count, double* out) {
+    piece->resize(static_cast<std::size_t>(count * elementBytes));
+    source->read(first * elementBytes, count * elementBytes, piece->data());
+    convert(piece->data(), count, out);
+  };
+}
 
 std::shared_ptr<const DeferredBytes> scaledBothSidesBytes(std::shared_ptr<const DeferredBytes> source, DataType type,
                                                           kernels::ChannelIndexing outputIndexing,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bnfold/ir/tensor.h"
+#include "kernels/equalize_math.h"
 #include "kernels/fold_math.h"
 
 namespace bnfold::rules {
@@ -24,5 +25,10 @@ std::shared_ptr<const DeferredBytes> scaledBothSidesBytes(std::shared_ptr<const 
                                                           std::vector<double> outputFactors,
                                                           kernels::ChannelIndexing inputIndexing,
                                                           std::vector<double> inputFactors);
+
+/// Reads a floating weight's elements as doubles a piece at a time, straight from its stored bytes (which may
+/// still lie in the model file), so equalization never holds a large weight as doubles. The reader keeps the bytes'
+/// source alive. Throws std::invalid_argument for a weight that is not float, double, float16 or bfloat16.
+kernels::WeightReader weightReader(const Tensor& weight);
 
 }  // namespace bnfold::rules

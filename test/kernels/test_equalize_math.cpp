@@ -326,3 +326,42 @@ TEST_CASE("equalize math: a chain's rescaled channel ranges equal those of the r
     }
   CHECK_THROWS_AS(noise.outputRanges(0, {}), std::invalid_argument);
 }
+
+TEST_CASE("equalize math: a chain read through weight readers gives the figures of its weights held as doubles",
+          "[equalize][kernels]") {
+  // More weights per layer than the reader is asked for at once, so channel pairs straddle its pieces; a dense
+  // first layer, a 3x3 middle one and a Gemm-like 1x1 last one.
+  const std::vector<ChainLayer> held{conv(spreadWeights(96 * 100, 100, 0.4), {96, 25, 2, 2}),
+                                     conv(spreadWeights(40 * 96 * 9, 9, 1.2), {40, 96, 3, 3}),
+                                     conv(spreadWeights(300 * 40, 40, 2.1), {300, 40, 1, 1})};
+  std::vector<ChainLayer> read;
+  std::size_t reads = 0;
+  for (const ChainLayer& layer : held) {
+    ChainLayer viaReader = layer;
+    viaReader.weights.clear();
+    viaReader.read = [&layer, &reads](std::int64_t first, std::int64_t count, double* out) {
+      ++reads;
+      std::copy_n(layer.weights.begin() + first, count, out);
+    };
+    read.push_back(std::move(viaReader));
+  }
+  const ChainNoise fromHeld(held);
+  const ChainNoise fromReader(read);
+  CHECK(reads > held.size());  // read a piece at a time
+  const ChainScales chosen = equalizeChain(fromReader, {true, true});
+  CHECK(chosen.scales == equalizeChain(fromHeld, {true, true}).scales);
+  CHECK(chosen.kept == std::vector<bool>{true, true});
+  for (const auto& scales : {chosen.scales, chosen.proposed}) {
+    CHECK(fromReader.perLayer(scales) == fromHeld.perLayer(scales));
+    for (std::size_t k = 0; k < held.size(); ++k) {
+      INFO("layer " << k);
+      // The sides no link scales too (the first layer's inputs, the last one's outputs), read again when asked.
+      CHECK(fromReader.outputRanges(k, scales) == fromHeld.outputRanges(k, scales));
+      CHECK(fromReader.inputRanges(k, scales) == fromHeld.inputRanges(k, scales));
+      CHECK(equalizedWeights(read, scales, k) == equalizedWeights(held, scales, k));
+    }
+  }
+  EqualizeSettings exact;
+  exact.noise = NoiseMeasure::Exact;
+  CHECK_THROWS_AS(equalizeChain(read, {true, true}, exact), std::invalid_argument);
+}
