@@ -491,17 +491,15 @@ using NoiseModel = ChainNoise::Model;
 
 // A layer's channel ranges as a sweep rescales it. A side no link scales keeps its ranges, and the ranges of the
 // other side then follow each rescaling channel by channel (the largest of a channel times its factor); a layer
-// scaled on both sides keeps its runs' largest values, rescaled in the same order as the weights would be.
+// scaled on both sides keeps its runs' largest values, rescaled in the same order as the weights would be, and
+// takes both sides' ranges from them in the same pass.
 class SweptLayer {
  public:
   SweptLayer(const LayerPairs& pairs, bool inputScaled, bool outputScaled)
       : pairs_(pairs), bothScaled_(inputScaled && outputScaled) {
-    if (bothScaled_) {
-      largest_ = pairs.largest;
-    } else {
-      outRanges_ = fromRuns(pairs.largest, pairs.out, pairs.outChannels);
-      inRanges_ = fromRuns(pairs.largest, pairs.in, pairs.inChannels);
-    }
+    if (bothScaled_) largest_ = pairs.largest;
+    outRanges_ = fromRuns(pairs.largest, pairs.out, pairs.outChannels);
+    inRanges_ = fromRuns(pairs.largest, pairs.in, pairs.inChannels);
   }
 
   // A layer scaled on one side, given as that side's channel ranges (the other side left empty).
@@ -509,12 +507,8 @@ class SweptLayer {
       : pairs_(pairs), bothScaled_(false), outRanges_(std::move(outRanges)), inRanges_(std::move(inRanges)) {}
 
   // Asked only for a side a link scales.
-  std::vector<double> outputRanges() const {
-    return bothScaled_ ? fromRuns(largest_, pairs_.out, pairs_.outChannels) : outRanges_;
-  }
-  std::vector<double> inputRanges() const {
-    return bothScaled_ ? fromRuns(largest_, pairs_.in, pairs_.inChannels) : inRanges_;
-  }
+  const std::vector<double>& outputRanges() const { return outRanges_; }
+  const std::vector<double>& inputRanges() const { return inRanges_; }
 
   void scaleOutputs(const std::vector<double>& factor) { scale(factor, pairs_.out, outRanges_); }
   void scaleInputs(const std::vector<double>& factor) { scale(factor, pairs_.in, inRanges_); }
@@ -529,10 +523,17 @@ class SweptLayer {
 
   void scale(const std::vector<double>& factor, const std::vector<std::size_t>& channel,
              std::vector<double>& ranges) {
-    if (bothScaled_)
-      for (std::size_t r = 0; r < largest_.size(); ++r) largest_[r] *= factor[channel[r]];
-    else
+    if (!bothScaled_) {
       for (std::size_t c = 0; c < ranges.size(); ++c) ranges[c] *= factor[c];
+      return;
+    }
+    std::fill(outRanges_.begin(), outRanges_.end(), 0.0);
+    std::fill(inRanges_.begin(), inRanges_.end(), 0.0);
+    for (std::size_t r = 0; r < largest_.size(); ++r) {
+      const double largest = largest_[r] *= factor[channel[r]];
+      outRanges_[pairs_.out[r]] = std::max(outRanges_[pairs_.out[r]], largest);
+      inRanges_[pairs_.in[r]] = std::max(inRanges_[pairs_.in[r]], largest);
+    }
   }
 
   const LayerPairs& pairs_;
