@@ -109,28 +109,18 @@ LayerShape layerShape(const ChainLayer& layer) {
 // layer's reader into a small buffer (a large weight is never copied whole).
 class WeightStream {
  public:
-  WeightStream(const ChainLayer& layer, std::int64_t count) : layer_(layer), count_(count) {
-    if (layer_.read) buffer_.resize(static_cast<std::size_t>(std::min(kPiece, count_)));
-  }
+  WeightStream(const ChainLayer& layer, std::int64_t count) : layer_(layer), count_(count) {}
 
-  // piece(weights, length) on consecutive pieces of elements [first, first + count).
-  template <typename Piece>
-  void forEach(std::int64_t first, std::int64_t count, Piece&& piece) {
-    if (!layer_.read) {
-      piece(layer_.weights.data() + first, count);
-      return;
+  // Elements [first, first + count) contiguous; asked for in increasing order. Valid until the next call.
+  const double* span(std::int64_t first, std::int64_t count) {
+    if (!layer_.read) return layer_.weights.data() + first;
+    if (first < bufferFirst_ || first + count > bufferFirst_ + bufferCount_) {
+      bufferFirst_ = first;
+      bufferCount_ = std::min(std::max(kPiece, count), count_ - first);
+      if (buffer_.size() < static_cast<std::size_t>(bufferCount_)) buffer_.resize(static_cast<std::size_t>(bufferCount_));
+      layer_.read(first, bufferCount_, buffer_.data());
     }
-    while (count > 0) {
-      if (first < bufferFirst_ || first >= bufferFirst_ + bufferCount_) {
-        bufferFirst_ = first;
-        bufferCount_ = std::min(kPiece, count_ - first);
-        layer_.read(first, bufferCount_, buffer_.data());
-      }
-      const std::int64_t length = std::min(count, bufferFirst_ + bufferCount_ - first);
-      piece(buffer_.data() + (first - bufferFirst_), length);
-      first += length;
-      count -= length;
-    }
+    return buffer_.data() + (first - bufferFirst_);
   }
 
  private:
@@ -147,15 +137,14 @@ template <typename Visit>
 void forEachChannelPair(const ChainLayer& layer, const LayerShape& shape, Visit&& visit) {
   WeightStream stream(layer, shape.count);
   forEachChannelRun(shape.out, 0, shape.count, [&](std::int64_t offset, std::int64_t length, std::int64_t out) {
+    const double* weights = stream.span(offset, length);
     forEachChannelRun(shape.in, offset, length, [&](std::int64_t inner, std::int64_t innerLength, std::int64_t in) {
       double largest = 0.0, squares = 0.0;
-      stream.forEach(offset + inner, innerLength, [&](const double* weights, std::int64_t count) {
-        for (std::int64_t e = 0; e < count; ++e) {
-          const double w = weights[e];
-          largest = std::max(largest, std::abs(w));
-          squares += w * w;
-        }
-      });
+      for (std::int64_t e = inner; e < inner + innerLength; ++e) {
+        const double w = weights[e];
+        largest = std::max(largest, std::abs(w));
+        squares += w * w;
+      }
       visit(static_cast<std::size_t>(out), static_cast<std::size_t>(in), offset + inner, innerLength, largest,
             squares);
     });
