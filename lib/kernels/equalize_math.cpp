@@ -518,11 +518,21 @@ class SweptLayer {
     }
     std::fill(outRanges_.begin(), outRanges_.end(), 0.0);
     std::fill(inRanges_.begin(), inRanges_.end(), 0.0);
+    // Consecutive pairs mostly share an output channel: its maximum stays in a register until the channel changes
+    // (through memory, each pair would wait for the previous one's store).
+    std::size_t out = 0;
+    double outRange = 0.0;
     for (std::size_t r = 0; r < largest_.size(); ++r) {
       const double largest = largest_[r] *= factor[channel[r]];
-      outRanges_[pairs_.out[r]] = std::max(outRanges_[pairs_.out[r]], largest);
+      if (pairs_.out[r] != out) {
+        outRanges_[out] = std::max(outRanges_[out], outRange);
+        out = pairs_.out[r];
+        outRange = outRanges_[out];
+      }
+      outRange = std::max(outRange, largest);
       inRanges_[pairs_.in[r]] = std::max(inRanges_[pairs_.in[r]], largest);
     }
+    if (!outRanges_.empty()) outRanges_[out] = std::max(outRanges_[out], outRange);
   }
 
   const LayerPairs& pairs_;
