@@ -380,19 +380,42 @@ struct ChainNoise::Model {
       return noise;
     }
     const LayerPairs& runs = pairs[k];
-    auto factor = [&](std::size_t r) {
-      return (inScale ? (*inScale)[runs.in[r]] : 1.0) / (outScale ? (*outScale)[runs.out[r]] : 1.0);
-    };
+    const PairTerms& terms = pairTerms(k);
+    // Each pair's factor, computed once for both passes.
+    factors.resize(runs.runs());
     double largest = 0.0;
-    for (std::size_t r = 0; r < runs.runs(); ++r) largest = std::max(largest, runs.largest[r] * factor(r));
+    for (std::size_t r = 0; r < runs.runs(); ++r) {
+      factors[r] = (inScale ? (*inScale)[runs.in[r]] : 1.0) / (outScale ? (*outScale)[runs.out[r]] : 1.0);
+      largest = std::max(largest, runs.largest[r] * factors[r]);
+    }
     if (largest == 0.0 || !std::isfinite(largest)) return 0.0;
     const double halfStep = largest / 254.0;
     double noise = 0.0;
     for (std::size_t r = 0; r < runs.runs(); ++r)
-      noise += gain[k][runs.out[r]] * power[k][runs.in[r]] *
-               groupRoundingNoise(runs.largest[r], static_cast<double>(runs.start[r + 1] - runs.start[r]),
-                                  runs.squares[r], halfStep / factor(r));
+      noise += terms.weight[r] *
+               groupRoundingNoise(runs.largest[r], terms.count[r], runs.squares[r], halfStep / factors[r]);
     return noise;
+  }
+
+  // What the estimate of layer k takes per pair whatever the scales: its output gain times its input power, and
+  // its weight count.
+  struct PairTerms {
+    std::vector<double> weight, count;
+  };
+
+  const PairTerms& pairTerms(std::size_t k) const {
+    if (terms.size() != layers.size()) terms.resize(layers.size());
+    PairTerms& found = terms[k];
+    const LayerPairs& runs = pairs[k];
+    if (found.weight.size() != runs.runs()) {
+      found.weight.resize(runs.runs());
+      found.count.resize(runs.runs());
+      for (std::size_t r = 0; r < runs.runs(); ++r) {
+        found.weight[r] = gain[k][runs.out[r]] * power[k][runs.in[r]];
+        found.count[r] = static_cast<double>(runs.start[r + 1] - runs.start[r]);
+      }
+    }
+    return found;
   }
 
   double layerNoise(std::size_t k, const std::vector<std::vector<double>>& scales) const {
@@ -417,6 +440,8 @@ struct ChainNoise::Model {
   mutable std::optional<ChannelGroups> firstByOutput, lastByInput;
   mutable double signal = 0.0;
   mutable std::vector<std::vector<Remembered>> remembered;
+  mutable std::vector<PairTerms> terms;
+  mutable std::vector<double> factors;  // scratch of estimatedLayerNoise
 };
 
 ChainNoise::ChainNoise(const std::vector<ChainLayer>& layers, NoiseMeasure measure)
