@@ -79,6 +79,30 @@ TEST_CASE("scaled weights read in any chunking equal the eager double computatio
   }
 }
 
+TEST_CASE("a weight reader gives toDoubles' values in any piece, held or computed on demand", "[scaled-weight]") {
+  const kernels::Dims dims{6, 2, 3, 3};
+  const std::vector<double> scale = sampleValues(6, 3.0, -2.0, 2.0);
+  const auto indexing = *kernels::outputChannelIndexing({kernels::WeightKind::Conv, 1, false}, dims);
+  for (DataType type : {DataType::Float, DataType::Double, DataType::Float16, DataType::BFloat16}) {
+    INFO(dataTypeName(type));
+    const Tensor held = Tensor::fromDoubles("w", type, dims, sampleValues(product(dims, 0), 4.0, -3.0, 3.0));
+    // A folded weight: bytes computed when read, which the reader must ask for a piece at a time.
+    const Tensor computed =
+        Tensor::deferred("f", type, dims, rules::scaledChannelBytes(held.byteSource(), type, indexing, scale));
+    for (const Tensor* weight : {&held, &computed}) {
+      const std::vector<double> expected = weight->toDoubles();
+      const kernels::WeightReader read = rules::weightReader(*weight);
+      for (int64_t piece : {1, 5, 108}) {
+        std::vector<double> values(expected.size());
+        for (int64_t first = 0; first < static_cast<int64_t>(values.size()); first += piece)
+          read(first, std::min<int64_t>(piece, static_cast<int64_t>(values.size()) - first), values.data() + first);
+        CHECK(values == expected);
+      }
+    }
+  }
+  CHECK_THROWS_AS(rules::weightReader(Tensor::fromInt64s("i", {2}, {1, 2})), std::invalid_argument);
+}
+
 TEST_CASE("a folded weight of an external-data model is streamed into the output's data file", "[scaled-weight][external]") {
   TempDir dir;
   std::filesystem::create_directories(dir.file("in"));
