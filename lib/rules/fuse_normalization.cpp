@@ -4,6 +4,7 @@
 //             the same without m and d (q squares X itself), Y = Mul(n, gamma)                       (RMSNorm)
 //             optionally X = Cast(X16, to=float) before and n16 = Cast(n, to=X16's type) after (fp16 models)
 //             Keras (tf2onnx): s = Mul(Reciprocal(Sqrt(Add(v, eps))), gamma);  Y = Add(Mul(X, s), Sub(beta, Mul(m, s)))
+//             (no gamma: s = Reciprocal(...); no beta: Y = Add(Mul(X, s), Neg(Mul(m, s))) or Sub(Mul(X, s), Mul(m, s)))
 //             Flax: v = Sub(ReduceMean(X^2), m^2), possibly Max(v, 0); n = (X - m) / Sqrt(v + eps) as above
 //             GroupNorm: Y = Add(Mul(Reshape(InstanceNormalization(Reshape(X, [N, G, -1]), 1, 0), X's shape), gamma), beta)
 // After:      Y = LayerNormalization(X, gamma', beta', axis=-k, epsilon, stash_type=1)   (opset >= 17)
@@ -111,13 +112,14 @@ const Node* soleReaderOp(const Value* value, std::string_view op) {
   return reader && reader->isOnnxOp(op) ? reader : nullptr;
 }
 
-// The Keras (tf2onnx) tail after s = gamma / sqrt(v + eps): y = x * s + (beta - mean * s).
+// The Keras (tf2onnx) tail after s = gamma / sqrt(v + eps) (or s = 1 / sqrt(v + eps) without gamma):
+// y = x * s + (beta - mean * s); without beta y = x * s + Neg(mean * s) or x * s - mean * s.
 struct KerasTail {
   const Node* meanScaled = nullptr;   // Mul(mean, s)
-  const Node* shift = nullptr;        // Sub(beta, mean * s)
+  const Node* shift = nullptr;        // Sub(beta, mean * s) or Neg(mean * s); null when the sum subtracts
   const Node* inputScaled = nullptr;  // Mul(x, s)
-  const Node* sum = nullptr;          // Add(x * s, shift)
-  const Value* beta = nullptr;
+  const Node* sum = nullptr;          // Add(x * s, shift) or Sub(x * s, mean * s)
+  const Value* beta = nullptr;        // null without beta
 };
 
 class FuseNormalization final : public Rule {
@@ -132,7 +134,7 @@ class FuseNormalization final : public Rule {
   std::vector<std::string> rootOps() const override { return {"Div", "Mul", "InstanceNormalization"}; }
   std::vector<OpVersions> opVersions() const override {
     return {kReduceMean, kSub, kPow, kMul, kAdd, kDiv, kSqrt,
-            kReciprocal, kCast, kConstant, kReshape, kInstanceNormalization, kLayerNormalization, kRmsNormalization,
+            kReciprocal, kCast, kConstant, kNeg, kMax, kReshape, kInstanceNormalization, kLayerNormalization, kRmsNormalization,
             kGroupNormalization};
   }
   const char* failureSection() const override { return "norms_not_fused"; }
@@ -220,11 +222,15 @@ class FuseNormalization final : public Rule {
     const Node* centre = producerOp(squared, "Sub");
     const Node* mean = centre ? producerOp(centre->input(1), "ReduceMean") : nullptr;
     if (mean && mean->input(0) != centre->input(0)) mean = nullptr;
-    // The Keras form scales by s = gamma / sqrt(v + eps): the root is that Mul, with a constant gamma.
-    const bool kerasForm = reciprocal && mean && context.constantOf(numerator);
+    // The Keras form scales by s = gamma / sqrt(v + eps): the root is that Mul, with a constant gamma. Without gamma
+    // s is the reciprocal itself, and the root the Mul(x, s); the Mul(mean, s) beside it is no root of its own.
+    const bool kerasWithGamma = reciprocal && mean && context.constantOf(numerator);
+    const bool kerasWithoutGamma = reciprocal && mean && numerator == mean->input(0);
+    if (reciprocal && mean && numerator == mean->output(0)) return notNorm(root);
+    const bool kerasForm = kerasWithGamma || kerasWithoutGamma;
     KerasTail keras;
     if (kerasForm) {
-      if (!findKerasTail(root, *mean, &keras))
+      if (!findKerasTail(kerasWithGamma ? root.output(0) : reciprocal->output(0), *mean, &keras))
         return MatchResult::failure(reason::kNotANormChain,
                                     where + " scales by gamma / sqrt(var + eps), but not into x * s + (beta - mean * s)");
     } else if (squared != numerator) {
@@ -249,11 +255,12 @@ class FuseNormalization final : public Rule {
     take(&root);
     chain->root = &root;
     if (kerasForm)
-      for (const Node* node : {keras.meanScaled, keras.shift, keras.inputScaled, keras.sum}) take(node);
+      for (const Node* node : {keras.meanScaled, keras.shift, keras.inputScaled, keras.sum})
+        if (node && node != &root) take(node);
 
     // The reduced axes: the same in both means, X's trailing ones.
     return finishMatch(root, context, std::move(chain), std::move(members), varianceMean, mean, kerasForm ? &keras : nullptr,
-                       numerator);
+                       kerasWithGamma ? numerator : nullptr);
   }
 
   // The Flax form from its statistics on: E[x]^2 subtracted from E[x^2], the numerator x - E[x].
@@ -323,9 +330,12 @@ class FuseNormalization final : public Rule {
                                                             " of " + where + " are not all known");
 
     if (kerasForm) {
-      // gamma and beta are part of the form; their shapes are checked like the others'.
-      if (!readParam(kerasGamma, *chain, "scale", where, context, &chain->gamma, &why) ||
-          !readParam(keras->beta, *chain, "bias", where, context, &chain->beta, &why))
+      // gamma and beta (each optional) are part of the form; their shapes are checked like the others'.
+      if (keras->beta && !context.constantOf(keras->beta))
+        return MatchResult::failure(reason::kOperandNotConstant, "the bias '" + keras->beta->name() +
+                                                                     "' of the norm at " + where + " is not a constant");
+      if ((kerasGamma && !readParam(kerasGamma, *chain, "scale", where, context, &chain->gamma, &why)) ||
+          (keras->beta && !readParam(keras->beta, *chain, "bias", where, context, &chain->beta, &why)))
         return MatchResult::failure(why.code, why.message);
     }
 
@@ -584,8 +594,7 @@ class FuseNormalization final : public Rule {
   }
 
 
-  static bool findKerasTail(const Node& scale, const Node& mean, KerasTail* tail) {
-    const Value* s = scale.output(0);
+  static bool findKerasTail(const Value* s, const Node& mean, KerasTail* tail) {
     const Value* x = mean.input(0);
     if (s->uses().size() != 2 || s->isGraphOutput()) return false;
     for (const Use& use : s->uses()) {
@@ -595,11 +604,21 @@ class FuseNormalization final : public Rule {
       else if (other == x) tail->inputScaled = use.node;
     }
     if (!tail->meanScaled || !tail->inputScaled) return false;
-    tail->shift = soleReaderOp(tail->meanScaled->output(0), "Sub");
-    if (!tail->shift || tail->shift->input(1) != tail->meanScaled->output(0)) return false;
-    tail->beta = tail->shift->input(0);
-    tail->sum = soleReaderOp(tail->inputScaled->output(0), "Add");
-    return tail->sum && otherOperand(*tail->sum, tail->inputScaled->output(0)) == tail->shift->output(0);
+    const Value* meanScaled = tail->meanScaled->output(0);
+    const Value* inputScaled = tail->inputScaled->output(0);
+    const Node* reader = soleConsumer(*meanScaled);
+    if (!reader) return false;
+    if (reader->isOnnxOp("Sub") && reader->input(0) == inputScaled && reader->input(1) == meanScaled) {
+      tail->sum = reader;
+      return true;
+    }
+    if (reader->isOnnxOp("Sub") && reader->input(1) == meanScaled) tail->beta = reader->input(0);
+    else if (!reader->isOnnxOp("Neg")) return false;
+    tail->shift = reader;
+    // Found among x * s's readers, so that another reader is reported as one (finishChecks).
+    for (const Use& use : inputScaled->uses())
+      if (use.node->isOnnxOp("Add") && otherOperand(*use.node, inputScaled) == tail->shift->output(0)) tail->sum = use.node;
+    return tail->sum != nullptr;
   }
 
   static MatchResult notNorm(const Node& root) {

@@ -215,6 +215,73 @@ TEST_CASE("norm-fuse: the Keras (tf2onnx) form, gamma folded into the scale and 
     replaceLine(ln, "shift =", {"shift = Sub (mk, beta)"});
     CHECK(reasonLeft(ln) == "not-a-norm-chain");
   }
+  SECTION("a beta fed at run time is left alone") {
+    ln.extraInputs = ", float[8] beta2";
+    replaceLine(ln, "shift =", {"shift = Sub (beta2, mk)"});
+    CHECK(reasonLeft(ln) == "operand-not-constant");
+  }
+}
+
+// Keras with scale=False and/or center=False: s is the reciprocal itself, and the shift -mean * s (Neg), or the sum
+// a difference x * s - mean * s.
+TEST_CASE("norm-fuse: the Keras (tf2onnx) form without gamma or beta", "[norm-fuse]") {
+  LayerNormText ln = pytorchLayerNorm();
+  ln.body = {"mean = ReduceMean <axes = [-1]> (x)",
+             "d = Sub (x, mean)",
+             "sq = Mul (d, d)",
+             "var = ReduceMean <axes = [-1]> (sq)",
+             "ve = Add (var, eps)",
+             "s = Sqrt (ve)",
+             "r = Reciprocal (s)",
+             "k = Mul (r, gamma)",
+             "mk = Mul (mean, k)",
+             "shift = Sub (beta, mk)",
+             "xk = Mul (x, k)",
+             "y = Add (xk, shift)"};
+  SECTION("no gamma") {
+    replaceLine(ln, "k =", {});
+    replaceLine(ln, "mk =", {"mk = Mul (mean, r)"});
+    replaceLine(ln, "xk =", {"xk = Mul (r, x)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["scale"].is_null());
+    CHECK(entry["bias"] == "beta");
+    CHECK(entry["replaced_nodes"].size() == 11);
+  }
+  SECTION("no beta: the shift is Neg(mean * s)") {
+    replaceLine(ln, "shift =", {"shift = Neg (mk)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["scale"] == "gamma");
+    CHECK(entry["bias"].is_null());
+  }
+  SECTION("no beta: x * s - mean * s") {
+    replaceLine(ln, "shift =", {});
+    replaceLine(ln, "y =", {"y = Sub (xk, mk)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["bias"].is_null());
+    CHECK(entry["replaced_nodes"].size() == 11);
+  }
+  SECTION("neither") {
+    replaceLine(ln, "k =", {});
+    replaceLine(ln, "mk =", {"mk = Mul (r, mean)"});
+    replaceLine(ln, "xk =", {"xk = Mul (x, r)"});
+    replaceLine(ln, "shift =", {"shift = Neg (mk)"});
+    replaceLine(ln, "y =", {"y = Add (shift, xk)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["scale"].is_null());
+    CHECK(entry["bias"].is_null());
+  }
+  SECTION("mean * s subtracted from x * s the other way round is left alone") {
+    replaceLine(ln, "shift =", {});
+    replaceLine(ln, "y =", {"y = Sub (mk, xk)"});
+    CHECK(reasonLeft(ln) == "not-a-norm-chain");
+  }
+  SECTION("x * s read by another node too is left alone") {
+    replaceLine(ln, "k =", {});
+    replaceLine(ln, "mk =", {"mk = Mul (mean, r)"});
+    replaceLine(ln, "xk =", {"xk = Mul (x, r)"});
+    ln.extraOutputs = ", float[2,4,8] xk";
+    CHECK(reasonLeft(ln) == "intermediate-has-other-readers");
+  }
 }
 
 TEST_CASE("norm-fuse: the Flax form, variance as E[x^2] - E[x]^2", "[norm-fuse]") {
@@ -272,6 +339,20 @@ TEST_CASE("norm-fuse: gamma and beta are optional", "[norm-fuse]") {
     const json entry = fuseAndCompare(ln, "LayerNormalization");
     CHECK(entry["scale"].is_null());
     CHECK(entry["bias"] == "beta");
+  }
+  SECTION("no gamma, Add(beta, n)") {
+    replaceLine(ln, "g =", {});
+    replaceLine(ln, "y =", {"y = Add (beta, n)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["scale"].is_null());
+    CHECK(entry["bias"] == "beta");
+  }
+  SECTION("no beta, Mul(gamma, n)") {
+    replaceLine(ln, "g =", {"g = Mul (gamma, n)"});
+    replaceLine(ln, "y =", {"y = Identity (g)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization,Identity");
+    CHECK(entry["scale"] == "gamma");
+    CHECK(entry["bias"].is_null());
   }
 }
 
