@@ -7,6 +7,7 @@
 //             (no gamma: s = Reciprocal(...); no beta: Y = Add(Mul(X, s), Neg(Mul(m, s))) or Sub(Mul(X, s), Mul(m, s)))
 //             Flax: v = Sub(ReduceMean(X^2), m^2), possibly Max(v, 0); n = (X - m) / Sqrt(v + eps) as above
 //             GroupNorm: Y = Add(Mul(Reshape(InstanceNormalization(Reshape(X, [N, G, -1]), 1, 0), X's shape), gamma), beta)
+//             or the same with a LayerNorm chain over the last axis (not Keras) for the InstanceNormalization
 // After:      Y = LayerNormalization(X, gamma', beta', axis=-k, epsilon, stash_type=1)   (opset >= 17)
 //             Y = RMSNormalization(X, gamma', axis=-k, epsilon, stash_type=1)            (opset >= 23)
 //             Y = GroupNormalization(X, gamma', beta', num_groups=G, epsilon, stash_type=1) (opset >= 21)
@@ -19,6 +20,7 @@
 //             is not constant (a gate, a residual) ends the chain before it: the fused op leaves it in place.
 //             GroupNorm: X's shape known, the groups whole channels, the InstanceNormalization's scale all 1 and
 //             bias all 0, the second Reshape back to X's shape, gamma and beta one value per channel (or one).
+//             Its LayerNorm form where these fail (or below opset 21) is fused as the LayerNorm of the grouped view.
 // Math:       LayerNormalization computes (X - E[X]) / sqrt(Var[X] + eps) * gamma' + beta' over axes -k..-1,
 //             RMSNormalization X / sqrt(E[X^2] + eps) * gamma': the chain's own formula. gamma' and beta' are
 //             gamma and beta broadcast to the normalized dims (gamma' = 1 when the chain has no gamma).
@@ -126,8 +128,8 @@ class FuseNormalization final : public Rule {
  public:
   const char* name() const override { return "norm-fuse"; }
   const char* summary() const override {
-    return "A LayerNorm or RMSNorm written as primitive ops (ReduceMean, Sub, Pow, Sqrt, Div, ...) fused into "
-           "LayerNormalization (opset 17+) or RMSNormalization (opset 23+)";
+    return "A LayerNorm, RMSNorm or GroupNorm written as primitive ops (ReduceMean, Sub, Pow, Sqrt, Div, ...) fused "
+           "into LayerNormalization (opset 17+), RMSNormalization (opset 23+) or GroupNormalization (opset 21+)";
   }
   // Rooted where the normalized value is computed: the Div, or the Mul by a reciprocal.
   // GroupNorm's root is its InstanceNormalization.
@@ -365,6 +367,11 @@ class FuseNormalization final : public Rule {
       }
     }
 
+    // GroupNorm written out on a grouped view (ReduceMean form), where the opset has GroupNormalization-21.
+    if (chain->kind == NormKind::Layer && !kerasForm && !chain->castsAbsorbed &&
+        context.opset() >= kGroupNormalizationOpset && takeGroupView(normalized, *axes, context, where, *chain, members))
+      return finishChecks(root, context, std::move(chain), members);
+
     // gamma: Mul(n, gamma) or Mul(gamma, n) with a constant gamma; beta: Add likewise (LayerNorm only).
     const Value* tail = kerasForm ? keras->sum->output(0) : normalized;
     if (const Node* mul = kerasForm ? nullptr : soleReaderOp(tail, "Mul")) {
@@ -486,22 +493,14 @@ class FuseNormalization final : public Rule {
     chain->root = &instanceNorm;
     const Value* x = grouping->input(0);
     chain->input = chain->statisticsInput = x;
-    const std::optional<std::vector<int64_t>> shape = context.knownShape(*x);
-    const std::optional<std::vector<int64_t>> grouped = context.knownShape(*instanceNorm.input(0));
-    const std::optional<std::vector<int64_t>> back = context.knownShape(*ungrouping->output(0));
-    auto known = [](const std::optional<std::vector<int64_t>>& dims) {
-      return dims && std::find(dims->begin(), dims->end(), analysis::kUnknownDim) == dims->end();
-    };
-    if (!known(shape) || !known(grouped) || !known(back) || shape->size() < 3)
+    const int64_t groups = wholeChannelGroups(*x, *instanceNorm.input(0), *ungrouping->output(0), context);
+    if (groups < 0)
       return MatchResult::failure(reason::kRankUnknown, "the shapes around " + where + " are not all known");
-    const int64_t channels = (*shape)[1];
-    const int64_t spatial = checkedElementCount(std::vector<int64_t>(shape->begin() + 2, shape->end())).value_or(-1);
-    const int64_t groups = grouped->size() == 3 ? (*grouped)[1] : 0;
-    if (groups <= 0 || channels % groups != 0 || (*grouped)[0] != (*shape)[0] ||
-        (*grouped)[2] != channels / groups * spatial || *back != *shape)
+    const std::vector<int64_t> shape = *context.knownShape(*x);
+    if (groups == 0)
       return MatchResult::failure(reason::kNotANormChain,
-                                  where + " normalizes " + formatDims(*grouped) + ", which is not " + formatDims(*shape) +
-                                      " in groups of whole channels reshaped back");
+                                  where + " normalizes " + formatDims(*context.knownShape(*instanceNorm.input(0))) +
+                                      ", which is not " + formatDims(shape) + " in groups of whole channels reshaped back");
     const Tensor* unitScale = context.constantOf(instanceNorm.input(1));
     const Tensor* zeroBias = context.constantOf(instanceNorm.input(2));
     auto all = [](const Tensor* tensor, double value) {
@@ -513,8 +512,8 @@ class FuseNormalization final : public Rule {
       return MatchResult::failure(reason::kNotANormChain,
                                   where + " has a scale other than 1 or a bias other than 0 per group");
     chain->groups = groups;
-    chain->rank = static_cast<int64_t>(shape->size());
-    chain->normalizedDims = {channels};
+    chain->rank = static_cast<int64_t>(shape.size());
+    chain->normalizedDims = {shape[1]};
     chain->epsilon = instanceNorm.attributeFloat("epsilon", 1e-5f);
     std::optional<DataType> type = analysis::knownElementType(*x);
     if (type != DataType::Float)
@@ -527,20 +526,89 @@ class FuseNormalization final : public Rule {
       members.insert(node);
     }
     MatchFailure why;
-    const Value* tail = ungrouping->output(0);
+    if (!takeChannelAffine(ungrouping->output(0), where, context, *chain, &members, &why))
+      return MatchResult::failure(why.code, why.message);
+    return finishChecks(instanceNorm, context, std::move(chain), members);
+  }
+
+  // G when `grouped` is x [N, C, ...] reshaped to [N, G, C/G * spatial] (groups of whole channels) and `back` has x's
+  // shape again; 0 when not; -1 when a shape is not known.
+  static int64_t wholeChannelGroups(const Value& x, const Value& grouped, const Value& back, const RuleContext& context) {
+    const std::optional<std::vector<int64_t>> shape = context.knownShape(x);
+    const std::optional<std::vector<int64_t>> groupedShape = context.knownShape(grouped);
+    const std::optional<std::vector<int64_t>> backShape = context.knownShape(back);
+    auto known = [](const std::optional<std::vector<int64_t>>& dims) {
+      return dims && std::find(dims->begin(), dims->end(), analysis::kUnknownDim) == dims->end();
+    };
+    if (!known(shape) || !known(groupedShape) || !known(backShape) || shape->size() < 3) return -1;
+    const int64_t channels = (*shape)[1];
+    const int64_t spatial = checkedElementCount(std::vector<int64_t>(shape->begin() + 2, shape->end())).value_or(-1);
+    const int64_t groups = groupedShape->size() == 3 ? (*groupedShape)[1] : 0;
+    if (groups <= 0 || channels % groups != 0 || (*groupedShape)[0] != (*shape)[0] ||
+        (*groupedShape)[2] != channels / groups * spatial || *backShape != *shape)
+      return 0;
+    return groups;
+  }
+
+  // A GroupNorm's Mul(gamma)? and Add(beta)? after `tail` (either operand order), taken into `chain` up to its output;
+  // false with `why` when a constant one is not one value per channel.
+  static bool takeChannelAffine(const Value* tail, const std::string& where, const RuleContext& context,
+                                NormChain& chain, std::set<const Node*>* members, MatchFailure* why) {
     for (const char* op : {"Mul", "Add"}) {
       const Node* affine = soleReaderOp(tail, op);
       const Value* param = affine ? otherOperand(*affine, tail) : nullptr;
       if (!param || !context.constantOf(param)) continue;
-      if (!readChannelParam(param, *chain, op == std::string("Mul") ? "scale" : "bias", where, context,
-                            op == std::string("Mul") ? &chain->gamma : &chain->beta, &why))
-        return MatchResult::failure(why.code, why.message);
-      chain->nodes.push_back(affine);
-      members.insert(affine);
+      const bool scale = op == std::string("Mul");
+      if (!readChannelParam(param, chain, scale ? "scale" : "bias", where, context, scale ? &chain.gamma : &chain.beta,
+                            why))
+        return false;
+      chain.nodes.push_back(affine);
+      members->insert(affine);
       tail = affine->output(0);
     }
-    chain->output = tail;
-    return finishChecks(instanceNorm, context, std::move(chain), members);
+    chain.output = tail;
+    return true;
+  }
+
+  // A LayerNorm chain over the last axis of Reshape(X, [N, G, -1]) whose normalized value is reshaped back to X's shape
+  // becomes a GroupNorm of X, when every further condition holds: the groups whole channels, the grouped value and
+  // the Reshapes used only by the chain, gamma and beta after it per channel. Otherwise the chain stays the (exact)
+  // LayerNorm of the grouped view, so nothing is refused here.
+  static bool takeGroupView(const Value* normalized, const std::vector<int64_t>& axes, const RuleContext& context,
+                            const std::string& where, NormChain& chain, std::set<const Node*>& members) {
+    const Node* grouping = producerOp(chain.statisticsInput, "Reshape");
+    const Node* ungrouping = soleReaderOp(normalized, "Reshape");
+    if (!grouping || !ungrouping || chain.rank != 3 || axes != std::vector<int64_t>{2} || context.isKept(*grouping) ||
+        context.isKept(*ungrouping))
+      return false;
+    const Value* x = grouping->input(0);
+    const int64_t groups = wholeChannelGroups(*x, *chain.statisticsInput, *ungrouping->output(0), context);
+    if (groups <= 0 || chain.statisticsInput->isGraphOutput()) return false;
+    for (const Use& use : chain.statisticsInput->uses())
+      if (!members.count(use.node)) return false;
+    NormChain group;
+    group.kind = NormKind::Group;
+    group.type = chain.type;
+    group.rank = static_cast<int64_t>(context.knownShape(*x)->size());
+    group.normalizedDims = {(*context.knownShape(*x))[1]};
+    std::set<const Node*> groupMembers = members;
+    MatchFailure why;
+    if (!takeChannelAffine(ungrouping->output(0), where, context, group, &groupMembers, &why)) return false;
+    chain.kind = NormKind::Group;
+    chain.input = chain.statisticsInput = x;
+    chain.rank = group.rank;
+    chain.normalizedDims = group.normalizedDims;
+    chain.groups = groups;
+    chain.gamma = group.gamma;
+    chain.beta = group.beta;
+    chain.output = group.output;
+    chain.nodes.insert(chain.nodes.begin(), grouping);
+    chain.nodes.push_back(ungrouping);
+    chain.nodes.insert(chain.nodes.end(), group.nodes.begin(), group.nodes.end());
+    members = std::move(groupMembers);
+    members.insert(grouping);
+    members.insert(ungrouping);
+    return true;
   }
 
   // A GroupNorm's gamma or beta: one value per channel (axis 1), or one for all; expanded to [C].

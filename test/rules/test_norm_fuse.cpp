@@ -1,5 +1,5 @@
-// norm-fuse: decomposed LayerNorm and RMSNorm chains, as exporters write them, become LayerNormalization (opset 17+)
-// and RMSNormalization (opset 23+). Each variant is stated in ONNX text, fused, checked for its op sequence and report
+// norm-fuse: decomposed LayerNorm, RMSNorm and GroupNorm chains, as exporters write them, become LayerNormalization (17+),
+// RMSNormalization (23+) and GroupNormalization (21+). Each variant is stated in ONNX text, fused, checked for its op sequence and report
 // entry, and compared with the original in ONNX Runtime; each condition has a chain that breaks it and the reason
 // code the report gives.
 
@@ -624,5 +624,85 @@ TEST_CASE("norm-fuse: a GroupNorm that breaks a condition is left with its reaso
     gn.initializers = "int64[3] grouped = {2, 3, -1}, int64[4] back = {2, 8, 3, 3}, float[3] ones = {1, 1, 1}, "
                       "float[3] zeros = {0, 0, 0}";
     CHECK(reasonLeft(gn) == "not-a-norm-chain");
+  }
+}
+
+namespace {
+
+/// The same GroupNorm with its statistics written out: ReduceMean over the grouped view's last axis, ..., Div.
+LayerNormText groupNormReduceMean(int opset) {
+  LayerNormText gn = groupNorm(opset);
+  gn.initializers = "int64[3] grouped = {2, 2, -1}, int64[4] back = {2, 8, 3, 3}, int64[1] axes = {-1}";
+  gn.body = {"xg = Reshape (x, grouped)",
+             "mean = ReduceMean (xg, axes)",
+             "d = Sub (xg, mean)",
+             "sq = Pow (d, two)",
+             "var = ReduceMean (sq, axes)",
+             "ve = Add (var, eps)",
+             "s = Sqrt (ve)",
+             "ng = Div (d, s)",
+             "n = Reshape (ng, back)",
+             "g = Mul (n, gamma)",
+             "y = Add (g, beta)"};
+  return gn;
+}
+
+}  // namespace
+
+TEST_CASE("norm-fuse: GroupNorm in the ReduceMean form becomes GroupNormalization-21", "[norm-fuse]") {
+  LayerNormText gn = groupNormReduceMean(21);
+  SECTION("gamma and beta [C, 1, 1]") {
+    const json entry = fuseAndCompare(gn, "GroupNormalization", 1e-4);
+    CHECK(entry["into_op"] == "GroupNormalization");
+    CHECK(entry["op"] == "Div");
+    CHECK(entry["num_groups"] == 2);
+    CHECK(entry["input"] == "x");
+    CHECK(entry["replaced_ops"] == json::array({"Reshape", "ReduceMean", "Sub", "Pow", "ReduceMean", "Add", "Sqrt",
+                                                "Div", "Reshape", "Mul", "Add"}));
+  }
+  SECTION("Reciprocal and Mul, gamma in the other operand order, no beta") {
+    replaceLine(gn, "ng =", {"r = Reciprocal (s)", "ng = Mul (d, r)"});
+    replaceLine(gn, "g =", {"g = Mul (gamma, n)"});
+    replaceLine(gn, "y =", {"y = Identity (g)"});
+    const json entry = fuseAndCompare(gn, "GroupNormalization,Identity", 1e-4);
+    CHECK(entry["scale"] == "gamma");
+    CHECK(entry["bias"].is_null());
+  }
+  SECTION("the Flax statistics") {
+    replaceLine(gn, "d =", {});
+    replaceLine(gn, "sq =", {"xx = Mul (xg, xg)", "meansq = ReduceMean (xx, axes)", "mm = Mul (mean, mean)"});
+    replaceLine(gn, "var =", {"var = Sub (meansq, mm)"});
+    replaceLine(gn, "ng =", {"d = Sub (xg, mean)", "ng = Div (d, s)"});
+    fuseAndCompare(gn, "GroupNormalization", 1e-4);
+  }
+}
+
+// Where a condition of GroupNormalization-21 fails, the chain is still the LayerNorm of the grouped view, exactly.
+TEST_CASE("norm-fuse: a GroupNorm in the ReduceMean form that is no GroupNormalization-21", "[norm-fuse]") {
+  LayerNormText gn = groupNormReduceMean(21);
+  SECTION("below opset 21 it is a LayerNorm of the grouped view") {
+    gn.opset = 18;
+    const json entry = fuseAndCompare(gn, "Reshape,LayerNormalization,Reshape,Mul,Add", 1e-4);
+    CHECK(entry["into_op"] == "LayerNormalization");
+  }
+  SECTION("groups that split a channel: a LayerNorm of the grouped view") {
+    gn.initializers = "int64[3] grouped = {2, 3, -1}, int64[4] back = {2, 8, 3, 3}, int64[1] axes = {-1}";
+    const json entry = fuseAndCompare(gn, "Reshape,LayerNormalization,Reshape,Mul,Add", 1e-4);
+    CHECK(entry["into_op"] == "LayerNormalization");
+  }
+  SECTION("statistics over the whole grouped value, not per group: a LayerNorm of it") {
+    gn.initializers = "int64[3] grouped = {2, 2, -1}, int64[4] back = {2, 8, 3, 3}, int64[2] axes = {1, 2}";
+    const json entry = fuseAndCompare(gn, "Reshape,LayerNormalization,Reshape,Mul,Add", 1e-4);
+    CHECK(entry["into_op"] == "LayerNormalization");
+  }
+  SECTION("gamma along the last axis instead of the channels: a LayerNorm of the grouped view") {
+    gn.gammaDims = {3};
+    const json entry = fuseAndCompare(gn, "Reshape,LayerNormalization,Reshape,Mul,Add", 1e-4);
+    CHECK(entry["into_op"] == "LayerNormalization");
+  }
+  SECTION("the grouped value also a graph output: a LayerNorm of the grouped view") {
+    gn.extraOutputs = ", float[2,2,36] xg";
+    const json entry = fuseAndCompare(gn, "Reshape,LayerNormalization,Reshape,Mul,Add", 1e-4);
+    CHECK(entry["into_op"] == "LayerNormalization");
   }
 }
