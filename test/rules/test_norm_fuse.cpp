@@ -1,7 +1,7 @@
-// norm-fuse: decomposed LayerNorm, RMSNorm and GroupNorm chains, as exporters write them, become LayerNormalization (17+),
-// RMSNormalization (23+) and GroupNormalization (21+). Each variant is stated in ONNX text, fused, checked for its op sequence and report
-// entry, and compared with the original in ONNX Runtime; each condition has a chain that breaks it and the reason
-// code the report gives.
+// norm-fuse: decomposed LayerNorm, RMSNorm and GroupNorm chains, as exporters write them, become
+// LayerNormalization (17+), RMSNormalization (23+) and GroupNormalization (21+). Each variant is stated in ONNX text,
+// fused, checked for its op sequence and report entry, and compared with the original in ONNX Runtime; each condition
+// has a chain that breaks it and the reason code the report gives.
 
 #include <catch2/catch.hpp>
 
