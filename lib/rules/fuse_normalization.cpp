@@ -6,12 +6,15 @@
 //             Keras (tf2onnx): s = Mul(Reciprocal(Sqrt(Add(v, eps))), gamma);  Y = Add(Mul(X, s), Sub(beta, Mul(m, s)))
 //             (no gamma: s = Reciprocal(...); no beta: Y = Add(Mul(X, s), Neg(Mul(m, s))) or Sub(Mul(X, s), Mul(m, s)))
 //             Flax: v = Sub(ReduceMean(X^2), m^2), possibly Max(v, 0); n = (X - m) / Sqrt(v + eps) as above
+//             every mean as ReduceMean(keepdims=1), ReduceSum(keepdims=1) times 1/n or divided by n, or
+//             Reshape(GlobalAveragePool(Reshape(v, [P, Q, R...])), v's shape with the averaged dims 1)
 //             GroupNorm: Y = Add(Mul(Reshape(InstanceNormalization(Reshape(X, [N, G, -1]), 1, 0), X's shape), gamma), beta)
 //             or the same with a LayerNorm chain over the last axis (not Keras) for the InstanceNormalization
 // After:      Y = LayerNormalization(X, gamma', beta', axis=-k, epsilon, stash_type=1)   (opset >= 17)
 //             Y = RMSNormalization(X, gamma', axis=-k, epsilon, stash_type=1)            (opset >= 23)
 //             Y = GroupNormalization(X, gamma', beta', num_groups=G, epsilon, stash_type=1) (opset >= 21)
-// Conditions: both means reduce the same axes with keepdims=1, and those are X's k trailing axes (X's rank and
+// Conditions: both means reduce the same axes with keepdims=1 (a sum's n the count of elements summed; a pooled
+//             view's R... exactly the trailing axes), and those are X's k trailing axes (X's rank and
 //             the normalized dims known); the exponent is exactly 2; eps a constant scalar; gamma and beta
 //             constants that broadcast only along the normalized axes (dims 1 or the normalized dim, no rank
 //             beyond X's); every intermediate value read only inside the chain and not a graph output; X float,
@@ -26,10 +29,12 @@
 //             gamma and beta broadcast to the normalized dims (gamma' = 1 when the chain has no gamma).
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <set>
 
 #include "affine_layer.h"
+#include "analysis/op_forms.h"
 #include "analysis/value_shape.h"
 #include "bnfold/dims_text.h"
 #include "bnfold/rewrite/rewriter.h"
@@ -114,6 +119,56 @@ const Node* soleReaderOp(const Value* value, std::string_view op) {
   return reader && reader->isOnnxOp(op) ? reader : nullptr;
 }
 
+/// A mean over some axes of `input` that keeps the reduced dims, as exporters write it: ReduceMean; ReduceSum times 1/n
+/// or divided by n (JAX/Flax); GlobalAveragePool of a Reshape to [P, Q, R...], reshaped back (tf2onnx). Which axes,
+/// and whether n is right, is checked later (meanAxes), once the input's shape is known.
+struct Mean {
+  const Value* input = nullptr;
+  const Value* output = nullptr;
+  std::vector<const Node*> nodes;  // in graph order; the last computes `output`
+  const Node* reduce = nullptr;    // the ReduceMean, ReduceSum or GlobalAveragePool
+  const Value* count = nullptr;    // ReduceSum: the constant it is multiplied by (1/n) or divided by (n)
+  bool dividesByCount = false;
+};
+
+std::optional<Mean> meanOf(const Value* value, const RuleContext& context) {
+  if (!value || !value->producer()) return std::nullopt;
+  const Node* node = value->producer();
+  Mean mean;
+  mean.output = value;
+  if (node->isOnnxOp("ReduceMean")) {
+    mean.reduce = node;
+    mean.input = node->input(0);
+    mean.nodes = {node};
+    return mean;
+  }
+  if ((node->isOnnxOp("Mul") || node->isOnnxOp("Div")) && node->inputs().size() == 2) {
+    const std::size_t slots = node->isOnnxOp("Div") ? 1 : 2;  // Div(sum, n) only
+    for (std::size_t slot = 0; slot < slots; ++slot) {
+      const Node* sum = producerOp(node->input(slot), "ReduceSum");
+      const Value* count = node->input(1 - slot);
+      if (!sum || !constantScalar(count, context)) continue;
+      mean.reduce = sum;
+      mean.input = sum->input(0);
+      mean.count = count;
+      mean.dividesByCount = node->isOnnxOp("Div");
+      mean.nodes = {sum, node};
+      return mean;
+    }
+    return std::nullopt;
+  }
+  if (node->isOnnxOp("Reshape")) {
+    const Node* pool = producerOp(node->input(0), "GlobalAveragePool");
+    const Node* view = pool ? producerOp(pool->input(0), "Reshape") : nullptr;
+    if (!view) return std::nullopt;
+    mean.reduce = pool;
+    mean.input = view->input(0);
+    mean.nodes = {view, pool, node};
+    return mean;
+  }
+  return std::nullopt;
+}
+
 // The Keras (tf2onnx) tail after s = gamma / sqrt(v + eps) (or s = 1 / sqrt(v + eps) without gamma):
 // y = x * s + (beta - mean * s); without beta y = x * s + Neg(mean * s) or x * s - mean * s.
 struct KerasTail {
@@ -135,7 +190,7 @@ class FuseNormalization final : public Rule {
   // GroupNorm's root is its InstanceNormalization.
   std::vector<std::string> rootOps() const override { return {"Div", "Mul", "InstanceNormalization"}; }
   std::vector<OpVersions> opVersions() const override {
-    return {kReduceMean, kSub, kPow, kMul, kAdd, kDiv, kSqrt,
+    return {kReduceMean, kReduceSum, kGlobalAveragePool, kSub, kPow, kMul, kAdd, kDiv, kSqrt,
             kReciprocal, kCast, kConstant, kNeg, kMax, kReshape, kInstanceNormalization, kLayerNormalization, kRmsNormalization,
             kGroupNormalization};
   }
@@ -176,10 +231,10 @@ class FuseNormalization final : public Rule {
     if (!sqrt) return notNorm(root);
     const Node* addEpsilon = producerOp(sqrt->input(0), "Add");
     if (!addEpsilon || addEpsilon->inputs().size() != 2) return notNorm(root);
-    const Node* varianceMean = producerOp(addEpsilon->input(0), "ReduceMean");
+    std::optional<Mean> varianceMean = meanOf(addEpsilon->input(0), context);
     const Value* epsilonValue = addEpsilon->input(1);
     if (!varianceMean) {
-      varianceMean = producerOp(addEpsilon->input(1), "ReduceMean");
+      varianceMean = meanOf(addEpsilon->input(1), context);
       epsilonValue = addEpsilon->input(0);
     }
     // Flax: v = E[x^2] - E[x]^2, possibly clamped by Max(., 0).
@@ -194,10 +249,10 @@ class FuseNormalization final : public Rule {
         if (candidate == addEpsilon->input(slot)) max = nullptr;
       }
       const Node* difference = producerOp(candidate, "Sub");
-      if (!difference || !producerOp(difference->input(0), "ReduceMean")) continue;
+      if (!difference || !meanOf(difference->input(0), context)) continue;
       flaxDifference = difference;
       clamp = max;
-      varianceMean = producerOp(difference->input(0), "ReduceMean");
+      varianceMean = meanOf(difference->input(0), context);
       epsilonValue = addEpsilon->input(1 - slot);
     }
     if (!varianceMean) return notNorm(root);
@@ -215,24 +270,24 @@ class FuseNormalization final : public Rule {
     chain->epsilon = epsilonTensor->toDoubles()[0];
 
     MatchFailure why;
-    const Node* square = varianceMean->input(0) ? varianceMean->input(0)->producer() : nullptr;
+    const Node* square = varianceMean->input ? varianceMean->input->producer() : nullptr;
     const Value* squared = squareBase(square, where, context, &why);
     if (!squared) return MatchResult::failure(why.code, why.message);
     if (flaxDifference) return matchFlax(root, context, std::move(chain), numerator, reciprocal, sqrt, addEpsilon,
-                                         varianceMean, square, squared, flaxDifference, clamp);
+                                         *varianceMean, square, squared, flaxDifference, clamp);
     // LayerNorm when the squared value is X minus its mean, else RMSNorm of the squared value itself.
     const Node* centre = producerOp(squared, "Sub");
-    const Node* mean = centre ? producerOp(centre->input(1), "ReduceMean") : nullptr;
-    if (mean && mean->input(0) != centre->input(0)) mean = nullptr;
+    std::optional<Mean> mean = centre ? meanOf(centre->input(1), context) : std::nullopt;
+    if (mean && mean->input != centre->input(0)) mean.reset();
     // The Keras form scales by s = gamma / sqrt(v + eps): the root is that Mul, with a constant gamma. Without gamma
     // s is the reciprocal itself, and the root the Mul(x, s); the Mul(mean, s) beside it is no root of its own.
     const bool kerasWithGamma = reciprocal && mean && context.constantOf(numerator);
-    const bool kerasWithoutGamma = reciprocal && mean && numerator == mean->input(0);
-    if (reciprocal && mean && numerator == mean->output(0)) return notNorm(root);
+    const bool kerasWithoutGamma = reciprocal && mean && numerator == mean->input;
+    if (reciprocal && mean && numerator == mean->output) return notNorm(root);
     const bool kerasForm = kerasWithGamma || kerasWithoutGamma;
     KerasTail keras;
     if (kerasForm) {
-      if (!findKerasTail(kerasWithGamma ? root.output(0) : reciprocal->output(0), *mean, &keras))
+      if (!findKerasTail(kerasWithGamma ? root.output(0) : reciprocal->output(0), mean->input, mean->output, &keras))
         return MatchResult::failure(reason::kNotANormChain,
                                     where + " scales by gamma / sqrt(var + eps), but not into x * s + (beta - mean * s)");
     } else if (squared != numerator) {
@@ -242,15 +297,14 @@ class FuseNormalization final : public Rule {
     if (mean) {
       chain->kind = NormKind::Layer;
       chain->statisticsInput = centre->input(0);
-      take(mean);
+      for (const Node* node : mean->nodes) take(node);
       take(centre);
     } else {
       chain->kind = NormKind::RootMeanSquare;
       chain->statisticsInput = squared;
-      mean = nullptr;
     }
     take(square);
-    take(varianceMean);
+    for (const Node* node : varianceMean->nodes) take(node);
     take(addEpsilon);
     take(sqrt);
     if (reciprocal) take(reciprocal);
@@ -261,42 +315,46 @@ class FuseNormalization final : public Rule {
         if (node && node != &root) take(node);
 
     // The reduced axes: the same in both means, X's trailing ones.
-    return finishMatch(root, context, std::move(chain), std::move(members), varianceMean, mean, kerasForm ? &keras : nullptr,
-                       kerasWithGamma ? numerator : nullptr);
+    return finishMatch(root, context, std::move(chain), std::move(members), *varianceMean, mean ? &*mean : nullptr,
+                       kerasForm ? &keras : nullptr, kerasWithGamma ? numerator : nullptr);
   }
 
   // The Flax form from its statistics on: E[x]^2 subtracted from E[x^2], the numerator x - E[x].
   MatchResult matchFlax(const Node& root, const RuleContext& context, std::unique_ptr<NormChain> chain,
                         const Value* numerator, const Node* reciprocal, const Node* sqrt, const Node* addEpsilon,
-                        const Node* meanOfSquares, const Node* square, const Value* x, const Node* difference,
+                        const Mean& meanOfSquares, const Node* square, const Value* x, const Node* difference,
                         const Node* clamp) const {
     const std::string where = describe(root);
     MatchFailure why;
     const Node* squaredMean = difference->input(1) ? difference->input(1)->producer() : nullptr;
     const Value* meanValue = squareBase(squaredMean, where, context, &why);
     if (!meanValue) return MatchResult::failure(why.code, why.message);
-    const Node* mean = producerOp(meanValue, "ReduceMean");
+    const std::optional<Mean> mean = meanOf(meanValue, context);
     const Node* centre = producerOp(numerator, "Sub");
-    if (!mean || mean->input(0) != x || !centre || centre->input(0) != x || centre->input(1) != meanValue)
+    if (!mean || mean->input != x || !centre || centre->input(0) != x || centre->input(1) != meanValue)
       return MatchResult::failure(reason::kNotANormChain, where + " computes E[x^2] - E[x]^2, but not of the x it "
                                                                   "centres by its mean");
     chain->kind = NormKind::Layer;
     chain->statisticsInput = x;
     std::set<const Node*> members;
-    for (const Node* node : {mean, square, meanOfSquares, squaredMean, difference, clamp, addEpsilon, sqrt, centre,
-                             reciprocal, &root}) {
+    std::vector<const Node*> nodes = mean->nodes;
+    nodes.push_back(square);
+    nodes.insert(nodes.end(), meanOfSquares.nodes.begin(), meanOfSquares.nodes.end());
+    for (const Node* node : {squaredMean, difference, clamp, addEpsilon, sqrt, centre, reciprocal, &root})
+      nodes.push_back(node);
+    for (const Node* node : nodes) {
       if (!node) continue;
       chain->nodes.push_back(node);
       members.insert(node);
     }
     chain->root = &root;
-    return finishMatch(root, context, std::move(chain), std::move(members), meanOfSquares, mean, nullptr, numerator);
+    return finishMatch(root, context, std::move(chain), std::move(members), meanOfSquares, &*mean, nullptr, numerator);
   }
 
   // What every form checks once its nodes are known: axes, types, the optional Casts, gamma and beta, other readers,
   // the opset.
   MatchResult finishMatch(const Node& root, const RuleContext& context, std::unique_ptr<NormChain> chain,
-                          std::set<const Node*> members, const Node* varianceMean, const Node* mean,
+                          std::set<const Node*> members, const Mean& varianceMean, const Mean* mean,
                           const KerasTail* keras, const Value* kerasGamma) const {
     const std::string where = describe(root);
     const bool kerasForm = keras != nullptr;
@@ -309,10 +367,10 @@ class FuseNormalization final : public Rule {
       return MatchResult::failure(reason::kRankUnknown, "the rank of the value " + where + " normalizes is not known");
     chain->rank = static_cast<int64_t>(shape->size());
     MatchFailure why;
-    std::optional<std::vector<int64_t>> axes = reducedAxes(*varianceMean, chain->rank, context, &why);
+    std::optional<std::vector<int64_t>> axes = averagedAxes(varianceMean, *shape, context, &why);
     if (!axes) return MatchResult::failure(why.code, why.message);
     if (mean) {
-      std::optional<std::vector<int64_t>> meanAxes = reducedAxes(*mean, chain->rank, context, &why);
+      std::optional<std::vector<int64_t>> meanAxes = averagedAxes(*mean, *shape, context, &why);
       if (!meanAxes) return MatchResult::failure(why.code, why.message);
       if (*meanAxes != *axes)
         return MatchResult::failure(reason::kAxesDiffer, "the mean of " + where + " reduces axes " +
@@ -662,13 +720,12 @@ class FuseNormalization final : public Rule {
   }
 
 
-  static bool findKerasTail(const Value* s, const Node& mean, KerasTail* tail) {
-    const Value* x = mean.input(0);
+  static bool findKerasTail(const Value* s, const Value* x, const Value* meanValue, KerasTail* tail) {
     if (s->uses().size() != 2 || s->isGraphOutput()) return false;
     for (const Use& use : s->uses()) {
       if (!use.node->isOnnxOp("Mul")) return false;
       const Value* other = otherOperand(*use.node, s);
-      if (other == mean.output(0)) tail->meanScaled = use.node;
+      if (other == meanValue) tail->meanScaled = use.node;
       else if (other == x) tail->inputScaled = use.node;
     }
     if (!tail->meanScaled || !tail->inputScaled) return false;
@@ -693,6 +750,66 @@ class FuseNormalization final : public Rule {
     return MatchResult::quietFailure(reason::kNotANormChain, describe(root) + " does not normalize by a square root of a mean");
   }
 
+  // The axes `mean` averages over an input of `shape` (sorted, non-negative); a sum's n checked against the summed dims.
+  static std::optional<std::vector<int64_t>> averagedAxes(const Mean& mean, const std::vector<int64_t>& shape,
+                                                          const RuleContext& context, MatchFailure* why) {
+    const auto rank = static_cast<int64_t>(shape.size());
+    if (mean.reduce->isOnnxOp("GlobalAveragePool")) return viewAxes(mean, shape, context, why);
+    std::optional<std::vector<int64_t>> axes = reducedAxes(*mean.reduce, rank, context, why);
+    if (!axes || !mean.count) return axes;
+    int64_t n = 1;
+    for (int64_t axis : *axes) {
+      const int64_t dim = shape[static_cast<std::size_t>(axis)];
+      if (dim == analysis::kUnknownDim) {
+        *why = {reason::kRankUnknown, "the dims " + describe(*mean.reduce) + " sums are not all known"};
+        return std::nullopt;
+      }
+      n *= dim;
+    }
+    // 1/n rounded to the count's type: a relative error far below 1e-6.
+    const double count = *constantScalar(mean.count, context);
+    const double expected = mean.dividesByCount ? static_cast<double>(n) : 1.0 / static_cast<double>(n);
+    if (n == 0 || std::abs(count - expected) > 1e-6 * expected) {
+      *why = {reason::kMeanCountMismatch, describe(*mean.reduce) + " sums " + std::to_string(n) + " elements, then " +
+                                              (mean.dividesByCount ? "divides by " : "multiplies by ") +
+                                              std::to_string(count) + ", not their mean"};
+      return std::nullopt;
+    }
+    return axes;
+  }
+
+  // The axes a GlobalAveragePool of a Reshape to [P, Q, R...] reshaped back averages: X's last k axes, when R... holds
+  // exactly them (the view is row-major) and the result has X's shape with those dims 1.
+  static std::optional<std::vector<int64_t>> viewAxes(const Mean& mean, const std::vector<int64_t>& shape,
+                                                      const RuleContext& context, MatchFailure* why) {
+    const std::optional<std::vector<int64_t>> view = context.knownShape(*mean.nodes.front()->output(0));
+    const std::optional<std::vector<int64_t>> back = context.knownShape(*mean.output);
+    auto known = [](const std::vector<int64_t>& dims) {
+      return std::find(dims.begin(), dims.end(), analysis::kUnknownDim) == dims.end();
+    };
+    if (!view || !back || !known(*view) || !known(*back) || !known(shape)) {
+      *why = {reason::kRankUnknown, "the shapes around " + describe(*mean.reduce) + " are not all known"};
+      return std::nullopt;
+    }
+    if (view->size() >= 3) {
+      const int64_t pooled = checkedElementCount(std::vector<int64_t>(view->begin() + 2, view->end())).value_or(-1);
+      int64_t trailing = 1;
+      for (std::size_t k = 1; k <= shape.size(); ++k) {
+        trailing *= shape[shape.size() - k];
+        if (trailing != pooled) continue;
+        std::vector<int64_t> expected(shape.begin(), shape.end() - static_cast<std::ptrdiff_t>(k));
+        expected.resize(shape.size(), 1);
+        if (*back != expected) continue;
+        std::vector<int64_t> axes;
+        for (std::size_t axis = shape.size() - k; axis < shape.size(); ++axis) axes.push_back(static_cast<int64_t>(axis));
+        return axes;
+      }
+    }
+    *why = {reason::kNotANormChain, describe(*mean.reduce) + " averages " + formatDims(*view) + ", a view of " +
+                                        formatDims(shape) + " whose pooled dims are not its trailing axes reshaped back"};
+    return std::nullopt;
+  }
+
   // The axes a keepdims ReduceMean reduces, non-negative and sorted; all axes when it names none.
   static std::optional<std::vector<int64_t>> reducedAxes(const Node& mean, int64_t rank, const RuleContext& context,
                                                          MatchFailure* why) {
@@ -701,7 +818,8 @@ class FuseNormalization final : public Rule {
       return std::nullopt;
     }
     std::vector<int64_t> axes;
-    if (context.opset() < kReduceMeanAxesInputOpset) {
+    const int64_t axesInputOpset = mean.isOnnxOp("ReduceSum") ? kReduceSumAxesInputOpset : kReduceMeanAxesInputOpset;
+    if (context.opset() < axesInputOpset) {
       axes = mean.attributeInts("axes");
     } else if (const Value* axesInput = mean.input(1)) {
       const Tensor* tensor = context.constantOf(axesInput);
@@ -712,7 +830,7 @@ class FuseNormalization final : public Rule {
       axes = tensor->toInt64s();
     }
     if (axes.empty()) {
-      if (context.opset() >= kReduceMeanAxesInputOpset && mean.attributeInt("noop_with_empty_axes", 0) != 0) {
+      if (context.opset() >= axesInputOpset && mean.attributeInt("noop_with_empty_axes", 0) != 0) {
         *why = {reason::kNotANormChain, describe(mean) + " reduces nothing (noop_with_empty_axes)"};
         return std::nullopt;
       }

@@ -706,3 +706,92 @@ TEST_CASE("norm-fuse: a GroupNorm in the ReduceMean form that is no GroupNormali
     CHECK(entry["into_op"] == "LayerNormalization");
   }
 }
+
+// JAX/Flax writes means as ReduceSum times 1/n (or divided by n); tf2onnx sometimes averages with GlobalAveragePool on
+// a view [P, 1, R] reshaped back. n and the view are checked against the reduced dims.
+TEST_CASE("norm-fuse: means as ReduceSum / n and as GlobalAveragePool of a view", "[norm-fuse]") {
+  LayerNormText ln = pytorchLayerNorm();
+  ln.initializers = "int64[1] axes = {-1}, float inv = {0.125}, float count = {8}";
+  SECTION("ReduceSum times 1/n in both means") {
+    replaceLine(ln, "mean =", {"xs = ReduceSum (x, axes)", "mean = Mul (xs, inv)"});
+    replaceLine(ln, "var =", {"qs = ReduceSum (sq, axes)", "var = Mul (inv, qs)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["replaced_nodes"].size() == 11);
+  }
+  SECTION("ReduceSum divided by n, and a ReduceMean") {
+    replaceLine(ln, "var =", {"qs = ReduceSum (sq, axes)", "var = Div (qs, count)"});
+    fuseAndCompare(ln, "LayerNormalization");
+  }
+  SECTION("ReduceSum over two axes, axes as an attribute (opset 12): all but the opset matches") {
+    ln.opset = 12;
+    ln.initializers = "float inv = {0.03125}";
+    replaceLine(ln, "mean =", {"xs = ReduceSum <axes = [1, 2]> (x)", "mean = Mul (xs, inv)"});
+    replaceLine(ln, "var =", {"var = ReduceMean <axes = [-2, -1]> (sq)"});
+    CHECK(reasonLeft(ln) == "norm-op-not-in-opset");
+  }
+  SECTION("the Flax statistics with ReduceSum / n") {
+    ln.body = {"xs = ReduceSum (x, axes)",
+               "mean = Mul (xs, inv)",
+               "xx = Mul (x, x)",
+               "xxs = ReduceSum (xx, axes)",
+               "meansq = Mul (xxs, inv)",
+               "mm = Mul (mean, mean)",
+               "var = Sub (meansq, mm)",
+               "ve = Add (var, eps)",
+               "s = Sqrt (ve)",
+               "r = Reciprocal (s)",
+               "d = Sub (x, mean)",
+               "n1 = Mul (d, r)",
+               "g = Mul (n1, gamma)",
+               "y = Add (g, beta)"};
+    fuseAndCompare(ln, "LayerNormalization", 1e-4);
+  }
+  SECTION("GlobalAveragePool of a view [8, 1, 8] reshaped back, in both means") {
+    ln.initializers = "int64[3] view = {8, 1, 8}, int64[3] back = {2, 4, 1}";
+    replaceLine(ln, "mean =", {"xv = Reshape (x, view)", "xp = GlobalAveragePool (xv)", "mean = Reshape (xp, back)"});
+    replaceLine(ln, "var =", {"qv = Reshape (sq, view)", "qp = GlobalAveragePool (qv)", "var = Reshape (qp, back)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["normalized_dims"] == json::array({8}));
+    CHECK(entry["replaced_nodes"].size() == 13);
+  }
+  SECTION("GlobalAveragePool of a view [2, 1, 32]: the last two axes") {
+    ln.initializers = "int64[3] view = {2, 1, 32}, int64[3] back = {2, 1, 1}";
+    ln.gammaDims = {4, 8};
+    replaceLine(ln, "mean =", {"xv = Reshape (x, view)", "xp = GlobalAveragePool (xv)", "mean = Reshape (xp, back)"});
+    replaceLine(ln, "var =", {"var = ReduceMean <axes = [1, 2]> (sq)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["axis"] == -2);
+  }
+  SECTION("an RMSNorm with ReduceSum / n") {
+    LayerNormText rms = rmsNorm(23);
+    rms.initializers = "int64[1] axes = {-1}, float inv = {0.125}";
+    replaceLine(rms, "var =", {"qs = ReduceSum (sq, axes)", "var = Mul (qs, inv)"});
+    fuseAndCompare(rms, "RMSNormalization,Add");
+  }
+}
+
+TEST_CASE("norm-fuse: a ReduceSum or GlobalAveragePool that is not the mean is left with its reason", "[norm-fuse]") {
+  LayerNormText ln = pytorchLayerNorm();
+  ln.initializers = "int64[1] axes = {-1}, float inv = {0.25}, float count = {4}";
+  SECTION("times 1/4 for 8 elements") {
+    replaceLine(ln, "mean =", {"xs = ReduceSum (x, axes)", "mean = Mul (xs, inv)"});
+    CHECK(reasonLeft(ln) == "mean-count-mismatch");
+  }
+  SECTION("divided by 4 for 8 elements") {
+    replaceLine(ln, "var =", {"qs = ReduceSum (sq, axes)", "var = Div (qs, count)"});
+    CHECK(reasonLeft(ln) == "mean-count-mismatch");
+  }
+  SECTION("a sum over other axes than the other mean") {
+    ln.initializers = "int64[2] axes = {-2, -1}, float inv = {0.03125}";
+    replaceLine(ln, "var =", {"qs = ReduceSum (sq, axes)", "var = Mul (qs, inv)"});
+    CHECK(reasonLeft(ln) == "axes-differ");
+  }
+  SECTION("a GlobalAveragePool whose means are reshaped back along another axis") {
+    // x [2, 4, 4]: the means of the last axis, [8, 1, 1], reshaped to [2, 1, 4] broadcast, but along the wrong axis.
+    ln.inputType = ln.outputType = "float[2,4,4]";
+    ln.gammaDims = ln.betaDims = {4};
+    ln.initializers = "int64[3] view = {8, 1, 4}, int64[3] back = {2, 1, 4}";
+    replaceLine(ln, "var =", {"qv = Reshape (sq, view)", "qp = GlobalAveragePool (qv)", "var = Reshape (qp, back)"});
+    CHECK(reasonLeft(ln) == "not-a-norm-chain");
+  }
+}
