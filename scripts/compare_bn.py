@@ -17,8 +17,11 @@ before. ONNX Runtime's fusions are split into standard ONNX ops (LayerNormalizat
 from 23) and those only ONNX Runtime reads (its contrib ops, and a LayerNormalization below opset 17); bnfold, which
 emits standard ops only, must fuse at least as many chains as ONNX Runtime fuses into standard ops.
 
+--fold-args "ARGS" passes more arguments to `bnfold fold` (e.g. "--target-opset 17": ONNX Runtime still optimizes
+the original model, and its fusions below opset 17 count as ORT-only).
+
 Usage: scripts/compare_bn.py [--bnfold PATH] [--out DIR] [--atol X] [--rtol Y] [--rules R] [--json]
-                             [--expected FILE] [--norms] MODEL_OR_FOLDER...
+                             [--expected FILE] [--norms] [--fold-args ARGS] MODEL_OR_FOLDER...
 Needs node and onnxruntime-node (BNFOLD_ORT_NODE_MODULES, see scripts/ort/README.md).
 """
 
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -81,7 +85,7 @@ def compare_norms(model, args, out_dir, row):
     ort_out.parent.mkdir(parents=True, exist_ok=True)
     before, before_ort_only = norm_counts(model)
     row.update({"before": before, "ort_only": None})
-    fold = run([args.bnfold, "fold", str(model), "-o", str(folded), "--rules", args.rules, "-q"])
+    fold = run([args.bnfold, "fold", str(model), "-o", str(folded), "--rules", args.rules, "-q"] + args.fold_args)
     if fold.returncode != 0:
         row["problems"].append(f"bnfold fold failed: {fold.stderr.strip()}")
         return None
@@ -129,7 +133,7 @@ def compare_one(model, args, out_dir):
         ort_out = out_dir / "ort" / model.name
         folded.parent.mkdir(parents=True, exist_ok=True)
         ort_out.parent.mkdir(parents=True, exist_ok=True)
-        fold = run([args.bnfold, "fold", str(model), "-o", str(folded), "--rules", args.rules, "-q"])
+        fold = run([args.bnfold, "fold", str(model), "-o", str(folded), "--rules", args.rules, "-q"] + args.fold_args)
         if fold.returncode != 0:
             row["problems"].append(f"bnfold fold failed: {fold.stderr.strip()}")
             return row
@@ -174,6 +178,8 @@ def main():
     parser.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     parser.add_argument("--norms", action="store_true",
                         help="count LayerNorm-like chains fused (bnfold vs ONNX Runtime at level extended) instead of BN")
+    parser.add_argument("--fold-args", default="", type=shlex.split,
+                        help='more arguments for bnfold fold, in one string (e.g. "--target-opset 17")')
     args = parser.parse_args()
     args.expected = json.loads(pathlib.Path(args.expected).read_text()) if args.expected else {}
 

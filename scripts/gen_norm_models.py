@@ -6,12 +6,13 @@ Each model reproduces the op chain one exporter family writes for a LayerNorm, R
   gpt_block_opset14 / _opset17   PyTorch (torch.onnx, TorchScript exporter): ReduceMean, Sub, Pow(2), ReduceMean,
                                  Add(eps), Sqrt, Div, Mul(gamma), Add(beta) around an attention block and an MLP
   bert_layer_tf_opset11 / _17    tf2onnx / keras2onnx: s = gamma * 1/sqrt(var + eps); y = x * s + (beta - mean * s)
-  flax_layernorm_opset17         jax2onnx-style: Var = E[x^2] - E[x]^2 clamped by Max(0, .), x - mean times rsqrt
-  llama_rmsnorm_fp16_opset23     Hugging Face LLaMA in float16: Cast to float, Pow(2), ReduceMean, Add(eps), Sqrt,
+  flax_layernorm_opset13 / _17   jax2onnx-style: Var = E[x^2] - E[x]^2 clamped by Max(0, .), x - mean times rsqrt
+  llama_rmsnorm_fp16_opset14/23  Hugging Face LLaMA in float16: Cast to float, Pow(2), ReduceMean, Add(eps), Sqrt,
                                  Reciprocal, Mul, Cast back, Mul(gamma)
-  diffusion_groupnorm_opset21    diffusers' GroupNorm as exported: Reshape [N, G, -1], InstanceNormalization (scale
+  diffusion_groupnorm_opset14/21 diffusers' GroupNorm as exported: Reshape [N, G, -1], InstanceNormalization (scale
                                  1, bias 0), Reshape back, Mul(gamma), Add(beta), SiLU
-Weights are seeded (deterministic bytes); every model runs in ONNX Runtime 1.30.
+The models below the fused op's opset (LayerNormalization 17, RMSNormalization 23, GroupNormalization 21) are
+there to be folded as they are and with --target-opset 17. Weights are seeded (deterministic bytes); every model runs in ONNX Runtime 1.30.
 
 Uses Debian's python3-onnx and python3-numpy, hence /usr/bin/python3.
 
@@ -136,9 +137,9 @@ def bert_layer_tf(opset):
     return b.finish([2, SEQUENCE, HIDDEN])
 
 
-def flax_layernorm():
+def flax_layernorm(opset):
     """flax.linen.LayerNorm: Var = E[x^2] - E[x]^2, clamped at 0; (x - mean) * rsqrt(var + eps) * scale + bias."""
-    b = Builder("flax_layernorm_opset17", 17)
+    b = Builder(f"flax_layernorm_opset{opset}", opset)
     gamma, beta = b.gamma_beta(HIDDEN)
     x = "x"
     mean = b.reduce_mean(x, [-1])
@@ -159,18 +160,18 @@ def llama_rms_norm(b, x):
     return b.node("Mul", [gamma, n])
 
 
-def llama_rmsnorm_fp16():
+def llama_rmsnorm_fp16(opset):
     """Two LLaMA RMSNorms in float16 with a residual between them (h = x + norm(x); y = h + norm(h))."""
-    b = Builder("llama_rmsnorm_fp16_opset23", 23)
+    b = Builder(f"llama_rmsnorm_fp16_opset{opset}", opset)
     x = "x"
     h = b.node("Add", [x, llama_rms_norm(b, x)])
     b.node("Add", [h, llama_rms_norm(b, h)])
     return b.finish([1, SEQUENCE, HIDDEN], TensorProto.FLOAT16)
 
 
-def diffusion_groupnorm():
+def diffusion_groupnorm(opset):
     """diffusers' ResNet block norm: GroupNorm(2 groups of 4 channels) written through InstanceNormalization, SiLU."""
-    b = Builder("diffusion_groupnorm_opset21", 21)
+    b = Builder(f"diffusion_groupnorm_opset{opset}", opset)
     channels, groups = 8, 2
     gamma, beta = b.gamma_beta([channels, 1, 1])
     grouped = b.node("Reshape", ["x", b.init("group_shape", [1, groups, -1], np.int64)])
@@ -187,9 +188,12 @@ MODELS = {
     "gpt_block_opset17": lambda: gpt_block(17),
     "bert_layer_tf_opset11": lambda: bert_layer_tf(11),
     "bert_layer_tf_opset17": lambda: bert_layer_tf(17),
-    "flax_layernorm_opset17": flax_layernorm,
-    "llama_rmsnorm_fp16_opset23": llama_rmsnorm_fp16,
-    "diffusion_groupnorm_opset21": diffusion_groupnorm,
+    "flax_layernorm_opset13": lambda: flax_layernorm(13),
+    "flax_layernorm_opset17": lambda: flax_layernorm(17),
+    "llama_rmsnorm_fp16_opset14": lambda: llama_rmsnorm_fp16(14),
+    "llama_rmsnorm_fp16_opset23": lambda: llama_rmsnorm_fp16(23),
+    "diffusion_groupnorm_opset14": lambda: diffusion_groupnorm(14),
+    "diffusion_groupnorm_opset21": lambda: diffusion_groupnorm(21),
 }
 
 

@@ -14,6 +14,8 @@ inline constexpr int64_t kReshapeShapeInputOpset = 5;
 inline constexpr int64_t kSqueezeAxesInputOpset = 13;
 /// ReduceMean takes its axes as an optional input from 18 (an attribute before).
 inline constexpr int64_t kReduceMeanAxesInputOpset = 18;
+/// ReduceSum takes its axes as an optional input from 13 (an attribute before).
+inline constexpr int64_t kReduceSumAxesInputOpset = 13;
 /// BatchNormalization: `is_test` goes at 7, `spatial` at 9; 14 brings `training_mode` and drops the saved
 /// statistics outputs; from 15 scale/B and mean/var may have a type other than X's.
 inline constexpr int64_t kBatchNormIsTestRemovedOpset = 7;

@@ -25,6 +25,7 @@ const std::vector<ReasonCodeInfo>& reasonCodes() {
       {kLayerInOtherGraph, "the layer and the BN (or Add, Mul) are in different graphs (a subgraph and its parent)"},
       {kLayerKeptByUser, "--keep/--keep-op protects the layer (or a Constant holding its weights)"},
       {kLayerPadsInput, "the layer pads its input, so a shift applied before it would reach the padding (bn-forward, absorb-high-bias)"},
+      {kMeanCountMismatch, "a decomposed norm's mean scales a sum by another count than the number of elements summed (norm-fuse)"},
       {kMissingInput, "a required input is omitted"},
       {kMissingOutput, "the output is omitted"},
       {kMulMayBroadcastInput, "the Mul could broadcast the layer's output to a bigger shape"},

@@ -25,6 +25,8 @@ inline const OpVersions kFlatten{"Flatten", {1, 9, 11, 13, 21, 23, 24, 25}};
 inline const OpVersions kSqueeze{"Squeeze", {1, 11, 13, 21, 23, 24, 25}};
 inline const OpVersions kUnsqueeze{"Unsqueeze", {1, 11, 13, 21, 23, 24, 25}};
 inline const OpVersions kReduceMean{"ReduceMean", {1, 11, 13, 18}};
+inline const OpVersions kReduceSum{"ReduceSum", {1, 11, 13}};
+inline const OpVersions kGlobalAveragePool{"GlobalAveragePool", {1, 22}};
 inline const OpVersions kCast{"Cast", {1, 6, 9, 13, 19, 21, 23, 24, 25}};
 inline const OpVersions kSqrt{"Sqrt", {1, 6, 13}};
 inline const OpVersions kReciprocal{"Reciprocal", {1, 6, 13}};

@@ -4,12 +4,17 @@
 //             the same without m and d (q squares X itself), Y = Mul(n, gamma)                       (RMSNorm)
 //             optionally X = Cast(X16, to=float) before and n16 = Cast(n, to=X16's type) after (fp16 models)
 //             Keras (tf2onnx): s = Mul(Reciprocal(Sqrt(Add(v, eps))), gamma);  Y = Add(Mul(X, s), Sub(beta, Mul(m, s)))
+//             (no gamma: s = Reciprocal(...); no beta: Y = Add(Mul(X, s), Neg(Mul(m, s))) or Sub(Mul(X, s), Mul(m, s)))
 //             Flax: v = Sub(ReduceMean(X^2), m^2), possibly Max(v, 0); n = (X - m) / Sqrt(v + eps) as above
+//             every mean as ReduceMean(keepdims=1), ReduceSum(keepdims=1) times 1/n or divided by n, or
+//             Reshape(GlobalAveragePool(Reshape(v, [P, Q, R...])), v's shape with the averaged dims 1)
 //             GroupNorm: Y = Add(Mul(Reshape(InstanceNormalization(Reshape(X, [N, G, -1]), 1, 0), X's shape), gamma), beta)
+//             or the same with a LayerNorm chain over the last axis (not Keras) for the InstanceNormalization
 // After:      Y = LayerNormalization(X, gamma', beta', axis=-k, epsilon, stash_type=1)   (opset >= 17)
 //             Y = RMSNormalization(X, gamma', axis=-k, epsilon, stash_type=1)            (opset >= 23)
 //             Y = GroupNormalization(X, gamma', beta', num_groups=G, epsilon, stash_type=1) (opset >= 21)
-// Conditions: both means reduce the same axes with keepdims=1, and those are X's k trailing axes (X's rank and
+// Conditions: both means reduce the same axes with keepdims=1 (a sum's n the count of elements summed; a pooled
+//             view's R... exactly the trailing axes), and those are X's k trailing axes (X's rank and
 //             the normalized dims known); the exponent is exactly 2; eps a constant scalar; gamma and beta
 //             constants that broadcast only along the normalized axes (dims 1 or the normalized dim, no rank
 //             beyond X's); every intermediate value read only inside the chain and not a graph output; X float,
@@ -18,15 +23,18 @@
 //             is not constant (a gate, a residual) ends the chain before it: the fused op leaves it in place.
 //             GroupNorm: X's shape known, the groups whole channels, the InstanceNormalization's scale all 1 and
 //             bias all 0, the second Reshape back to X's shape, gamma and beta one value per channel (or one).
+//             Its LayerNorm form where these fail (or below opset 21) is fused as the LayerNorm of the grouped view.
 // Math:       LayerNormalization computes (X - E[X]) / sqrt(Var[X] + eps) * gamma' + beta' over axes -k..-1,
 //             RMSNormalization X / sqrt(E[X^2] + eps) * gamma': the chain's own formula. gamma' and beta' are
 //             gamma and beta broadcast to the normalized dims (gamma' = 1 when the chain has no gamma).
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <set>
 
 #include "affine_layer.h"
+#include "analysis/op_forms.h"
 #include "analysis/value_shape.h"
 #include "bnfold/dims_text.h"
 #include "bnfold/rewrite/rewriter.h"
@@ -111,28 +119,79 @@ const Node* soleReaderOp(const Value* value, std::string_view op) {
   return reader && reader->isOnnxOp(op) ? reader : nullptr;
 }
 
-// The Keras (tf2onnx) tail after s = gamma / sqrt(v + eps): y = x * s + (beta - mean * s).
+/// A mean over some axes of `input` that keeps the reduced dims, as exporters write it: ReduceMean; ReduceSum times 1/n
+/// or divided by n (JAX/Flax); GlobalAveragePool of a Reshape to [P, Q, R...], reshaped back (tf2onnx). Which axes,
+/// and whether n is right, is checked later (meanAxes), once the input's shape is known.
+struct Mean {
+  const Value* input = nullptr;
+  const Value* output = nullptr;
+  std::vector<const Node*> nodes;  // in graph order; the last computes `output`
+  const Node* reduce = nullptr;    // the ReduceMean, ReduceSum or GlobalAveragePool
+  const Value* count = nullptr;    // ReduceSum: the constant it is multiplied by (1/n) or divided by (n)
+  bool dividesByCount = false;
+};
+
+std::optional<Mean> meanOf(const Value* value, const RuleContext& context) {
+  if (!value || !value->producer()) return std::nullopt;
+  const Node* node = value->producer();
+  Mean mean;
+  mean.output = value;
+  if (node->isOnnxOp("ReduceMean")) {
+    mean.reduce = node;
+    mean.input = node->input(0);
+    mean.nodes = {node};
+    return mean;
+  }
+  if ((node->isOnnxOp("Mul") || node->isOnnxOp("Div")) && node->inputs().size() == 2) {
+    const std::size_t slots = node->isOnnxOp("Div") ? 1 : 2;  // Div(sum, n) only
+    for (std::size_t slot = 0; slot < slots; ++slot) {
+      const Node* sum = producerOp(node->input(slot), "ReduceSum");
+      const Value* count = node->input(1 - slot);
+      if (!sum || !constantScalar(count, context)) continue;
+      mean.reduce = sum;
+      mean.input = sum->input(0);
+      mean.count = count;
+      mean.dividesByCount = node->isOnnxOp("Div");
+      mean.nodes = {sum, node};
+      return mean;
+    }
+    return std::nullopt;
+  }
+  if (node->isOnnxOp("Reshape")) {
+    const Node* pool = producerOp(node->input(0), "GlobalAveragePool");
+    const Node* view = pool ? producerOp(pool->input(0), "Reshape") : nullptr;
+    if (!view) return std::nullopt;
+    mean.reduce = pool;
+    mean.input = view->input(0);
+    mean.nodes = {view, pool, node};
+    return mean;
+  }
+  return std::nullopt;
+}
+
+// The Keras (tf2onnx) tail after s = gamma / sqrt(v + eps) (or s = 1 / sqrt(v + eps) without gamma):
+// y = x * s + (beta - mean * s); without beta y = x * s + Neg(mean * s) or x * s - mean * s.
 struct KerasTail {
   const Node* meanScaled = nullptr;   // Mul(mean, s)
-  const Node* shift = nullptr;        // Sub(beta, mean * s)
+  const Node* shift = nullptr;        // Sub(beta, mean * s) or Neg(mean * s); null when the sum subtracts
   const Node* inputScaled = nullptr;  // Mul(x, s)
-  const Node* sum = nullptr;          // Add(x * s, shift)
-  const Value* beta = nullptr;
+  const Node* sum = nullptr;          // Add(x * s, shift) or Sub(x * s, mean * s)
+  const Value* beta = nullptr;        // null without beta
 };
 
 class FuseNormalization final : public Rule {
  public:
   const char* name() const override { return "norm-fuse"; }
   const char* summary() const override {
-    return "A LayerNorm or RMSNorm written as primitive ops (ReduceMean, Sub, Pow, Sqrt, Div, ...) fused into "
-           "LayerNormalization (opset 17+) or RMSNormalization (opset 23+)";
+    return "A LayerNorm, RMSNorm or GroupNorm written as primitive ops (ReduceMean, Sub, Pow, Sqrt, Div, ...) fused "
+           "into LayerNormalization (opset 17+), RMSNormalization (opset 23+) or GroupNormalization (opset 21+)";
   }
   // Rooted where the normalized value is computed: the Div, or the Mul by a reciprocal.
   // GroupNorm's root is its InstanceNormalization.
   std::vector<std::string> rootOps() const override { return {"Div", "Mul", "InstanceNormalization"}; }
   std::vector<OpVersions> opVersions() const override {
-    return {kReduceMean, kSub, kPow, kMul, kAdd, kDiv, kSqrt,
-            kReciprocal, kCast, kConstant, kReshape, kInstanceNormalization, kLayerNormalization, kRmsNormalization,
+    return {kReduceMean, kReduceSum, kGlobalAveragePool, kSub, kPow, kMul, kAdd, kDiv, kSqrt,
+            kReciprocal, kCast, kConstant, kNeg, kMax, kReshape, kInstanceNormalization, kLayerNormalization, kRmsNormalization,
             kGroupNormalization};
   }
   const char* failureSection() const override { return "norms_not_fused"; }
@@ -172,10 +231,10 @@ class FuseNormalization final : public Rule {
     if (!sqrt) return notNorm(root);
     const Node* addEpsilon = producerOp(sqrt->input(0), "Add");
     if (!addEpsilon || addEpsilon->inputs().size() != 2) return notNorm(root);
-    const Node* varianceMean = producerOp(addEpsilon->input(0), "ReduceMean");
+    std::optional<Mean> varianceMean = meanOf(addEpsilon->input(0), context);
     const Value* epsilonValue = addEpsilon->input(1);
     if (!varianceMean) {
-      varianceMean = producerOp(addEpsilon->input(1), "ReduceMean");
+      varianceMean = meanOf(addEpsilon->input(1), context);
       epsilonValue = addEpsilon->input(0);
     }
     // Flax: v = E[x^2] - E[x]^2, possibly clamped by Max(., 0).
@@ -190,10 +249,10 @@ class FuseNormalization final : public Rule {
         if (candidate == addEpsilon->input(slot)) max = nullptr;
       }
       const Node* difference = producerOp(candidate, "Sub");
-      if (!difference || !producerOp(difference->input(0), "ReduceMean")) continue;
+      if (!difference || !meanOf(difference->input(0), context)) continue;
       flaxDifference = difference;
       clamp = max;
-      varianceMean = producerOp(difference->input(0), "ReduceMean");
+      varianceMean = meanOf(difference->input(0), context);
       epsilonValue = addEpsilon->input(1 - slot);
     }
     if (!varianceMean) return notNorm(root);
@@ -211,20 +270,24 @@ class FuseNormalization final : public Rule {
     chain->epsilon = epsilonTensor->toDoubles()[0];
 
     MatchFailure why;
-    const Node* square = varianceMean->input(0) ? varianceMean->input(0)->producer() : nullptr;
+    const Node* square = varianceMean->input ? varianceMean->input->producer() : nullptr;
     const Value* squared = squareBase(square, where, context, &why);
     if (!squared) return MatchResult::failure(why.code, why.message);
     if (flaxDifference) return matchFlax(root, context, std::move(chain), numerator, reciprocal, sqrt, addEpsilon,
-                                         varianceMean, square, squared, flaxDifference, clamp);
+                                         *varianceMean, square, squared, flaxDifference, clamp);
     // LayerNorm when the squared value is X minus its mean, else RMSNorm of the squared value itself.
     const Node* centre = producerOp(squared, "Sub");
-    const Node* mean = centre ? producerOp(centre->input(1), "ReduceMean") : nullptr;
-    if (mean && mean->input(0) != centre->input(0)) mean = nullptr;
-    // The Keras form scales by s = gamma / sqrt(v + eps): the root is that Mul, with a constant gamma.
-    const bool kerasForm = reciprocal && mean && context.constantOf(numerator);
+    std::optional<Mean> mean = centre ? meanOf(centre->input(1), context) : std::nullopt;
+    if (mean && mean->input != centre->input(0)) mean.reset();
+    // The Keras form scales by s = gamma / sqrt(v + eps): the root is that Mul, with a constant gamma. Without gamma
+    // s is the reciprocal itself, and the root the Mul(x, s); the Mul(mean, s) beside it is no root of its own.
+    const bool kerasWithGamma = reciprocal && mean && context.constantOf(numerator);
+    const bool kerasWithoutGamma = reciprocal && mean && numerator == mean->input;
+    if (reciprocal && mean && numerator == mean->output) return notNorm(root);
+    const bool kerasForm = kerasWithGamma || kerasWithoutGamma;
     KerasTail keras;
     if (kerasForm) {
-      if (!findKerasTail(root, *mean, &keras))
+      if (!findKerasTail(kerasWithGamma ? root.output(0) : reciprocal->output(0), mean->input, mean->output, &keras))
         return MatchResult::failure(reason::kNotANormChain,
                                     where + " scales by gamma / sqrt(var + eps), but not into x * s + (beta - mean * s)");
     } else if (squared != numerator) {
@@ -234,60 +297,64 @@ class FuseNormalization final : public Rule {
     if (mean) {
       chain->kind = NormKind::Layer;
       chain->statisticsInput = centre->input(0);
-      take(mean);
+      for (const Node* node : mean->nodes) take(node);
       take(centre);
     } else {
       chain->kind = NormKind::RootMeanSquare;
       chain->statisticsInput = squared;
-      mean = nullptr;
     }
     take(square);
-    take(varianceMean);
+    for (const Node* node : varianceMean->nodes) take(node);
     take(addEpsilon);
     take(sqrt);
     if (reciprocal) take(reciprocal);
     take(&root);
     chain->root = &root;
     if (kerasForm)
-      for (const Node* node : {keras.meanScaled, keras.shift, keras.inputScaled, keras.sum}) take(node);
+      for (const Node* node : {keras.meanScaled, keras.shift, keras.inputScaled, keras.sum})
+        if (node && node != &root) take(node);
 
     // The reduced axes: the same in both means, X's trailing ones.
-    return finishMatch(root, context, std::move(chain), std::move(members), varianceMean, mean, kerasForm ? &keras : nullptr,
-                       numerator);
+    return finishMatch(root, context, std::move(chain), std::move(members), *varianceMean, mean ? &*mean : nullptr,
+                       kerasForm ? &keras : nullptr, kerasWithGamma ? numerator : nullptr);
   }
 
   // The Flax form from its statistics on: E[x]^2 subtracted from E[x^2], the numerator x - E[x].
   MatchResult matchFlax(const Node& root, const RuleContext& context, std::unique_ptr<NormChain> chain,
                         const Value* numerator, const Node* reciprocal, const Node* sqrt, const Node* addEpsilon,
-                        const Node* meanOfSquares, const Node* square, const Value* x, const Node* difference,
+                        const Mean& meanOfSquares, const Node* square, const Value* x, const Node* difference,
                         const Node* clamp) const {
     const std::string where = describe(root);
     MatchFailure why;
     const Node* squaredMean = difference->input(1) ? difference->input(1)->producer() : nullptr;
     const Value* meanValue = squareBase(squaredMean, where, context, &why);
     if (!meanValue) return MatchResult::failure(why.code, why.message);
-    const Node* mean = producerOp(meanValue, "ReduceMean");
+    const std::optional<Mean> mean = meanOf(meanValue, context);
     const Node* centre = producerOp(numerator, "Sub");
-    if (!mean || mean->input(0) != x || !centre || centre->input(0) != x || centre->input(1) != meanValue)
+    if (!mean || mean->input != x || !centre || centre->input(0) != x || centre->input(1) != meanValue)
       return MatchResult::failure(reason::kNotANormChain, where + " computes E[x^2] - E[x]^2, but not of the x it "
                                                                   "centres by its mean");
     chain->kind = NormKind::Layer;
     chain->statisticsInput = x;
     std::set<const Node*> members;
-    for (const Node* node : {mean, square, meanOfSquares, squaredMean, difference, clamp, addEpsilon, sqrt, centre,
-                             reciprocal, &root}) {
+    std::vector<const Node*> nodes = mean->nodes;
+    nodes.push_back(square);
+    nodes.insert(nodes.end(), meanOfSquares.nodes.begin(), meanOfSquares.nodes.end());
+    for (const Node* node : {squaredMean, difference, clamp, addEpsilon, sqrt, centre, reciprocal, &root})
+      nodes.push_back(node);
+    for (const Node* node : nodes) {
       if (!node) continue;
       chain->nodes.push_back(node);
       members.insert(node);
     }
     chain->root = &root;
-    return finishMatch(root, context, std::move(chain), std::move(members), meanOfSquares, mean, nullptr, numerator);
+    return finishMatch(root, context, std::move(chain), std::move(members), meanOfSquares, &*mean, nullptr, numerator);
   }
 
   // What every form checks once its nodes are known: axes, types, the optional Casts, gamma and beta, other readers,
   // the opset.
   MatchResult finishMatch(const Node& root, const RuleContext& context, std::unique_ptr<NormChain> chain,
-                          std::set<const Node*> members, const Node* varianceMean, const Node* mean,
+                          std::set<const Node*> members, const Mean& varianceMean, const Mean* mean,
                           const KerasTail* keras, const Value* kerasGamma) const {
     const std::string where = describe(root);
     const bool kerasForm = keras != nullptr;
@@ -300,10 +367,10 @@ class FuseNormalization final : public Rule {
       return MatchResult::failure(reason::kRankUnknown, "the rank of the value " + where + " normalizes is not known");
     chain->rank = static_cast<int64_t>(shape->size());
     MatchFailure why;
-    std::optional<std::vector<int64_t>> axes = reducedAxes(*varianceMean, chain->rank, context, &why);
+    std::optional<std::vector<int64_t>> axes = averagedAxes(varianceMean, *shape, context, &why);
     if (!axes) return MatchResult::failure(why.code, why.message);
     if (mean) {
-      std::optional<std::vector<int64_t>> meanAxes = reducedAxes(*mean, chain->rank, context, &why);
+      std::optional<std::vector<int64_t>> meanAxes = averagedAxes(*mean, *shape, context, &why);
       if (!meanAxes) return MatchResult::failure(why.code, why.message);
       if (*meanAxes != *axes)
         return MatchResult::failure(reason::kAxesDiffer, "the mean of " + where + " reduces axes " +
@@ -323,9 +390,12 @@ class FuseNormalization final : public Rule {
                                                             " of " + where + " are not all known");
 
     if (kerasForm) {
-      // gamma and beta are part of the form; their shapes are checked like the others'.
-      if (!readParam(kerasGamma, *chain, "scale", where, context, &chain->gamma, &why) ||
-          !readParam(keras->beta, *chain, "bias", where, context, &chain->beta, &why))
+      // gamma and beta (each optional) are part of the form; their shapes are checked like the others'.
+      if (keras->beta && !context.constantOf(keras->beta))
+        return MatchResult::failure(reason::kOperandNotConstant, "the bias '" + keras->beta->name() +
+                                                                     "' of the norm at " + where + " is not a constant");
+      if ((kerasGamma && !readParam(kerasGamma, *chain, "scale", where, context, &chain->gamma, &why)) ||
+          (keras->beta && !readParam(keras->beta, *chain, "bias", where, context, &chain->beta, &why)))
         return MatchResult::failure(why.code, why.message);
     }
 
@@ -354,6 +424,11 @@ class FuseNormalization final : public Rule {
         normalized = castOut->output(0);
       }
     }
+
+    // GroupNorm written out on a grouped view (ReduceMean form), where the opset has GroupNormalization-21.
+    if (chain->kind == NormKind::Layer && !kerasForm && !chain->castsAbsorbed &&
+        context.opset() >= kGroupNormalizationOpset && takeGroupView(normalized, *axes, context, where, *chain, members))
+      return finishChecks(root, context, std::move(chain), members);
 
     // gamma: Mul(n, gamma) or Mul(gamma, n) with a constant gamma; beta: Add likewise (LayerNorm only).
     const Value* tail = kerasForm ? keras->sum->output(0) : normalized;
@@ -476,22 +551,14 @@ class FuseNormalization final : public Rule {
     chain->root = &instanceNorm;
     const Value* x = grouping->input(0);
     chain->input = chain->statisticsInput = x;
-    const std::optional<std::vector<int64_t>> shape = context.knownShape(*x);
-    const std::optional<std::vector<int64_t>> grouped = context.knownShape(*instanceNorm.input(0));
-    const std::optional<std::vector<int64_t>> back = context.knownShape(*ungrouping->output(0));
-    auto known = [](const std::optional<std::vector<int64_t>>& dims) {
-      return dims && std::find(dims->begin(), dims->end(), analysis::kUnknownDim) == dims->end();
-    };
-    if (!known(shape) || !known(grouped) || !known(back) || shape->size() < 3)
+    const int64_t groups = wholeChannelGroups(*x, *instanceNorm.input(0), *ungrouping->output(0), context);
+    if (groups < 0)
       return MatchResult::failure(reason::kRankUnknown, "the shapes around " + where + " are not all known");
-    const int64_t channels = (*shape)[1];
-    const int64_t spatial = checkedElementCount(std::vector<int64_t>(shape->begin() + 2, shape->end())).value_or(-1);
-    const int64_t groups = grouped->size() == 3 ? (*grouped)[1] : 0;
-    if (groups <= 0 || channels % groups != 0 || (*grouped)[0] != (*shape)[0] ||
-        (*grouped)[2] != channels / groups * spatial || *back != *shape)
+    const std::vector<int64_t> shape = *context.knownShape(*x);
+    if (groups == 0)
       return MatchResult::failure(reason::kNotANormChain,
-                                  where + " normalizes " + formatDims(*grouped) + ", which is not " + formatDims(*shape) +
-                                      " in groups of whole channels reshaped back");
+                                  where + " normalizes " + formatDims(*context.knownShape(*instanceNorm.input(0))) +
+                                      ", which is not " + formatDims(shape) + " in groups of whole channels reshaped back");
     const Tensor* unitScale = context.constantOf(instanceNorm.input(1));
     const Tensor* zeroBias = context.constantOf(instanceNorm.input(2));
     auto all = [](const Tensor* tensor, double value) {
@@ -503,8 +570,8 @@ class FuseNormalization final : public Rule {
       return MatchResult::failure(reason::kNotANormChain,
                                   where + " has a scale other than 1 or a bias other than 0 per group");
     chain->groups = groups;
-    chain->rank = static_cast<int64_t>(shape->size());
-    chain->normalizedDims = {channels};
+    chain->rank = static_cast<int64_t>(shape.size());
+    chain->normalizedDims = {shape[1]};
     chain->epsilon = instanceNorm.attributeFloat("epsilon", 1e-5f);
     std::optional<DataType> type = analysis::knownElementType(*x);
     if (type != DataType::Float)
@@ -517,20 +584,89 @@ class FuseNormalization final : public Rule {
       members.insert(node);
     }
     MatchFailure why;
-    const Value* tail = ungrouping->output(0);
+    if (!takeChannelAffine(ungrouping->output(0), where, context, *chain, &members, &why))
+      return MatchResult::failure(why.code, why.message);
+    return finishChecks(instanceNorm, context, std::move(chain), members);
+  }
+
+  // G when `grouped` is x [N, C, ...] reshaped to [N, G, C/G * spatial] (groups of whole channels) and `back` has x's
+  // shape again; 0 when not; -1 when a shape is not known.
+  static int64_t wholeChannelGroups(const Value& x, const Value& grouped, const Value& back, const RuleContext& context) {
+    const std::optional<std::vector<int64_t>> shape = context.knownShape(x);
+    const std::optional<std::vector<int64_t>> groupedShape = context.knownShape(grouped);
+    const std::optional<std::vector<int64_t>> backShape = context.knownShape(back);
+    auto known = [](const std::optional<std::vector<int64_t>>& dims) {
+      return dims && std::find(dims->begin(), dims->end(), analysis::kUnknownDim) == dims->end();
+    };
+    if (!known(shape) || !known(groupedShape) || !known(backShape) || shape->size() < 3) return -1;
+    const int64_t channels = (*shape)[1];
+    const int64_t spatial = checkedElementCount(std::vector<int64_t>(shape->begin() + 2, shape->end())).value_or(-1);
+    const int64_t groups = groupedShape->size() == 3 ? (*groupedShape)[1] : 0;
+    if (groups <= 0 || channels % groups != 0 || (*groupedShape)[0] != (*shape)[0] ||
+        (*groupedShape)[2] != channels / groups * spatial || *backShape != *shape)
+      return 0;
+    return groups;
+  }
+
+  // A GroupNorm's Mul(gamma)? and Add(beta)? after `tail` (either operand order), taken into `chain` up to its output;
+  // false with `why` when a constant one is not one value per channel.
+  static bool takeChannelAffine(const Value* tail, const std::string& where, const RuleContext& context,
+                                NormChain& chain, std::set<const Node*>* members, MatchFailure* why) {
     for (const char* op : {"Mul", "Add"}) {
       const Node* affine = soleReaderOp(tail, op);
       const Value* param = affine ? otherOperand(*affine, tail) : nullptr;
       if (!param || !context.constantOf(param)) continue;
-      if (!readChannelParam(param, *chain, op == std::string("Mul") ? "scale" : "bias", where, context,
-                            op == std::string("Mul") ? &chain->gamma : &chain->beta, &why))
-        return MatchResult::failure(why.code, why.message);
-      chain->nodes.push_back(affine);
-      members.insert(affine);
+      const bool scale = op == std::string("Mul");
+      if (!readChannelParam(param, chain, scale ? "scale" : "bias", where, context, scale ? &chain.gamma : &chain.beta,
+                            why))
+        return false;
+      chain.nodes.push_back(affine);
+      members->insert(affine);
       tail = affine->output(0);
     }
-    chain->output = tail;
-    return finishChecks(instanceNorm, context, std::move(chain), members);
+    chain.output = tail;
+    return true;
+  }
+
+  // A LayerNorm chain over the last axis of Reshape(X, [N, G, -1]) whose normalized value is reshaped back to X's shape
+  // becomes a GroupNorm of X, when every further condition holds: the groups whole channels, the grouped value and
+  // the Reshapes used only by the chain, gamma and beta after it per channel. Otherwise the chain stays the (exact)
+  // LayerNorm of the grouped view, so nothing is refused here.
+  static bool takeGroupView(const Value* normalized, const std::vector<int64_t>& axes, const RuleContext& context,
+                            const std::string& where, NormChain& chain, std::set<const Node*>& members) {
+    const Node* grouping = producerOp(chain.statisticsInput, "Reshape");
+    const Node* ungrouping = soleReaderOp(normalized, "Reshape");
+    if (!grouping || !ungrouping || chain.rank != 3 || axes != std::vector<int64_t>{2} || context.isKept(*grouping) ||
+        context.isKept(*ungrouping))
+      return false;
+    const Value* x = grouping->input(0);
+    const int64_t groups = wholeChannelGroups(*x, *chain.statisticsInput, *ungrouping->output(0), context);
+    if (groups <= 0 || chain.statisticsInput->isGraphOutput()) return false;
+    for (const Use& use : chain.statisticsInput->uses())
+      if (!members.count(use.node)) return false;
+    NormChain group;
+    group.kind = NormKind::Group;
+    group.type = chain.type;
+    group.rank = static_cast<int64_t>(context.knownShape(*x)->size());
+    group.normalizedDims = {(*context.knownShape(*x))[1]};
+    std::set<const Node*> groupMembers = members;
+    MatchFailure why;
+    if (!takeChannelAffine(ungrouping->output(0), where, context, group, &groupMembers, &why)) return false;
+    chain.kind = NormKind::Group;
+    chain.input = chain.statisticsInput = x;
+    chain.rank = group.rank;
+    chain.normalizedDims = group.normalizedDims;
+    chain.groups = groups;
+    chain.gamma = group.gamma;
+    chain.beta = group.beta;
+    chain.output = group.output;
+    chain.nodes.insert(chain.nodes.begin(), grouping);
+    chain.nodes.push_back(ungrouping);
+    chain.nodes.insert(chain.nodes.end(), group.nodes.begin(), group.nodes.end());
+    members = std::move(groupMembers);
+    members.insert(grouping);
+    members.insert(ungrouping);
+    return true;
   }
 
   // A GroupNorm's gamma or beta: one value per channel (axis 1), or one for all; expanded to [C].
@@ -584,26 +720,94 @@ class FuseNormalization final : public Rule {
   }
 
 
-  static bool findKerasTail(const Node& scale, const Node& mean, KerasTail* tail) {
-    const Value* s = scale.output(0);
-    const Value* x = mean.input(0);
+  static bool findKerasTail(const Value* s, const Value* x, const Value* meanValue, KerasTail* tail) {
     if (s->uses().size() != 2 || s->isGraphOutput()) return false;
     for (const Use& use : s->uses()) {
       if (!use.node->isOnnxOp("Mul")) return false;
       const Value* other = otherOperand(*use.node, s);
-      if (other == mean.output(0)) tail->meanScaled = use.node;
+      if (other == meanValue) tail->meanScaled = use.node;
       else if (other == x) tail->inputScaled = use.node;
     }
     if (!tail->meanScaled || !tail->inputScaled) return false;
-    tail->shift = soleReaderOp(tail->meanScaled->output(0), "Sub");
-    if (!tail->shift || tail->shift->input(1) != tail->meanScaled->output(0)) return false;
-    tail->beta = tail->shift->input(0);
-    tail->sum = soleReaderOp(tail->inputScaled->output(0), "Add");
-    return tail->sum && otherOperand(*tail->sum, tail->inputScaled->output(0)) == tail->shift->output(0);
+    const Value* meanScaled = tail->meanScaled->output(0);
+    const Value* inputScaled = tail->inputScaled->output(0);
+    const Node* reader = soleConsumer(*meanScaled);
+    if (!reader) return false;
+    if (reader->isOnnxOp("Sub") && reader->input(0) == inputScaled && reader->input(1) == meanScaled) {
+      tail->sum = reader;
+      return true;
+    }
+    if (reader->isOnnxOp("Sub") && reader->input(1) == meanScaled) tail->beta = reader->input(0);
+    else if (!reader->isOnnxOp("Neg")) return false;
+    tail->shift = reader;
+    // Found among x * s's readers, so that another reader is reported as one (finishChecks).
+    for (const Use& use : inputScaled->uses())
+      if (use.node->isOnnxOp("Add") && otherOperand(*use.node, inputScaled) == tail->shift->output(0)) tail->sum = use.node;
+    return tail->sum != nullptr;
   }
 
   static MatchResult notNorm(const Node& root) {
     return MatchResult::quietFailure(reason::kNotANormChain, describe(root) + " does not normalize by a square root of a mean");
+  }
+
+  // The axes `mean` averages over an input of `shape` (sorted, non-negative); a sum's n checked against the summed dims.
+  static std::optional<std::vector<int64_t>> averagedAxes(const Mean& mean, const std::vector<int64_t>& shape,
+                                                          const RuleContext& context, MatchFailure* why) {
+    const auto rank = static_cast<int64_t>(shape.size());
+    if (mean.reduce->isOnnxOp("GlobalAveragePool")) return viewAxes(mean, shape, context, why);
+    std::optional<std::vector<int64_t>> axes = reducedAxes(*mean.reduce, rank, context, why);
+    if (!axes || !mean.count) return axes;
+    int64_t n = 1;
+    for (int64_t axis : *axes) {
+      const int64_t dim = shape[static_cast<std::size_t>(axis)];
+      if (dim == analysis::kUnknownDim) {
+        *why = {reason::kRankUnknown, "the dims " + describe(*mean.reduce) + " sums are not all known"};
+        return std::nullopt;
+      }
+      n *= dim;
+    }
+    // 1/n rounded to the count's type: a relative error far below 1e-6.
+    const double count = *constantScalar(mean.count, context);
+    const double expected = mean.dividesByCount ? static_cast<double>(n) : 1.0 / static_cast<double>(n);
+    if (n == 0 || std::abs(count - expected) > 1e-6 * expected) {
+      *why = {reason::kMeanCountMismatch, describe(*mean.reduce) + " sums " + std::to_string(n) + " elements, then " +
+                                              (mean.dividesByCount ? "divides by " : "multiplies by ") +
+                                              std::to_string(count) + ", not their mean"};
+      return std::nullopt;
+    }
+    return axes;
+  }
+
+  // The axes a GlobalAveragePool of a Reshape to [P, Q, R...] reshaped back averages: X's last k axes, when R... holds
+  // exactly them (the view is row-major) and the result has X's shape with those dims 1.
+  static std::optional<std::vector<int64_t>> viewAxes(const Mean& mean, const std::vector<int64_t>& shape,
+                                                      const RuleContext& context, MatchFailure* why) {
+    const std::optional<std::vector<int64_t>> view = context.knownShape(*mean.nodes.front()->output(0));
+    const std::optional<std::vector<int64_t>> back = context.knownShape(*mean.output);
+    auto known = [](const std::vector<int64_t>& dims) {
+      return std::find(dims.begin(), dims.end(), analysis::kUnknownDim) == dims.end();
+    };
+    if (!view || !back || !known(*view) || !known(*back) || !known(shape)) {
+      *why = {reason::kRankUnknown, "the shapes around " + describe(*mean.reduce) + " are not all known"};
+      return std::nullopt;
+    }
+    if (view->size() >= 3) {
+      const int64_t pooled = checkedElementCount(std::vector<int64_t>(view->begin() + 2, view->end())).value_or(-1);
+      int64_t trailing = 1;
+      for (std::size_t k = 1; k <= shape.size(); ++k) {
+        trailing *= shape[shape.size() - k];
+        if (trailing != pooled) continue;
+        std::vector<int64_t> expected(shape.begin(), shape.end() - static_cast<std::ptrdiff_t>(k));
+        expected.resize(shape.size(), 1);
+        if (*back != expected) continue;
+        std::vector<int64_t> axes;
+        for (std::size_t axis = shape.size() - k; axis < shape.size(); ++axis) axes.push_back(static_cast<int64_t>(axis));
+        return axes;
+      }
+    }
+    *why = {reason::kNotANormChain, describe(*mean.reduce) + " averages " + formatDims(*view) + ", a view of " +
+                                        formatDims(shape) + " whose pooled dims are not its trailing axes reshaped back"};
+    return std::nullopt;
   }
 
   // The axes a keepdims ReduceMean reduces, non-negative and sorted; all axes when it names none.
@@ -614,7 +818,8 @@ class FuseNormalization final : public Rule {
       return std::nullopt;
     }
     std::vector<int64_t> axes;
-    if (context.opset() < kReduceMeanAxesInputOpset) {
+    const int64_t axesInputOpset = mean.isOnnxOp("ReduceSum") ? kReduceSumAxesInputOpset : kReduceMeanAxesInputOpset;
+    if (context.opset() < axesInputOpset) {
       axes = mean.attributeInts("axes");
     } else if (const Value* axesInput = mean.input(1)) {
       const Tensor* tensor = context.constantOf(axesInput);
@@ -625,7 +830,7 @@ class FuseNormalization final : public Rule {
       axes = tensor->toInt64s();
     }
     if (axes.empty()) {
-      if (context.opset() >= kReduceMeanAxesInputOpset && mean.attributeInt("noop_with_empty_axes", 0) != 0) {
+      if (context.opset() >= axesInputOpset && mean.attributeInt("noop_with_empty_axes", 0) != 0) {
         *why = {reason::kNotANormChain, describe(mean) + " reduces nothing (noop_with_empty_axes)"};
         return std::nullopt;
       }

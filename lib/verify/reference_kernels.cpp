@@ -890,8 +890,9 @@ Array<T> prelu(const Array<T>& x, const Array<T>& slope) {
   return y;
 }
 
+namespace {
 template <typename T>
-Array<T> reduceMean(const Array<T>& x, const std::vector<int64_t>& axes, bool keepDims) {
+Array<T> reduce(const Array<T>& x, const std::vector<int64_t>& axes, bool keepDims, bool mean) {
   checkArray(x, "ReduceMean");
   const int64_t rank = static_cast<int64_t>(x.dims.size());
   std::vector<bool> reduced(x.dims.size(), axes.empty());
@@ -919,7 +920,9 @@ Array<T> reduceMean(const Array<T>& x, const std::vector<int64_t>& axes, bool ke
     if (keepDims || !reduced[d]) outDims.push_back(kept[d]);
   Array<T> y = makeArray<T>(outDims);
   for (size_t i = 0; i < sums.size(); ++i) {
-    if constexpr (std::is_integral_v<T>) {
+    if (!mean) {
+      y.data[i] = static_cast<T>(sums[i]);
+    } else if constexpr (std::is_integral_v<T>) {
       if (count == 0) fail("ReduceMean: integer mean of no elements");
       y.data[i] = static_cast<T>(sums[i] / count);
     } else {
@@ -927,6 +930,17 @@ Array<T> reduceMean(const Array<T>& x, const std::vector<int64_t>& axes, bool ke
     }
   }
   return y;
+}
+}  // namespace
+
+template <typename T>
+Array<T> reduceMean(const Array<T>& x, const std::vector<int64_t>& axes, bool keepDims) {
+  return reduce(x, axes, keepDims, true);
+}
+
+template <typename T>
+Array<T> reduceSum(const Array<T>& x, const std::vector<int64_t>& axes, bool keepDims) {
+  return reduce(x, axes, keepDims, false);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1102,6 +1116,7 @@ Array<T> concat(const std::vector<const Array<T>*>& inputs, int64_t axis) {
   template Array<T> binary(BinaryOp, const Array<T>&, const Array<T>&);                                             \
   template Array<T> unary(UnaryOp, const Array<T>&);                                                                \
   template Array<T> reduceMean(const Array<T>&, const std::vector<int64_t>&, bool);                                 \
+  template Array<T> reduceSum(const Array<T>&, const std::vector<int64_t>&, bool);                                  \
   template Array<T> transpose(const Array<T>&, const std::vector<int64_t>&);                                        \
   template Array<T> slice(const Array<T>&, const std::vector<int64_t>&, const std::vector<int64_t>&,                \
                           const std::vector<int64_t>&, const std::vector<int64_t>&);                                \

@@ -159,6 +159,9 @@ Array<T> prelu(const Array<T>& x, const Array<T>& slope);
 /// Mean over axes (negative counts from the end; empty = all axes); duplicate or out-of-range axes throw.
 template <typename T>
 Array<T> reduceMean(const Array<T>& x, const std::vector<int64_t>& axes, bool keepDims);
+/// Sum over axes, as reduceMean without the division.
+template <typename T>
+Array<T> reduceSum(const Array<T>& x, const std::vector<int64_t>& axes, bool keepDims);
 
 // Layout / data movement, T in {float, double, int64_t}.
 

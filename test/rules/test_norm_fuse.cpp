@@ -1,7 +1,7 @@
-// norm-fuse: decomposed LayerNorm and RMSNorm chains, as exporters write them, become LayerNormalization (opset 17+)
-// and RMSNormalization (opset 23+). Each variant is stated in ONNX text, fused, checked for its op sequence and report
-// entry, and compared with the original in ONNX Runtime; each condition has a chain that breaks it and the reason
-// code the report gives.
+// norm-fuse: decomposed LayerNorm, RMSNorm and GroupNorm chains, as exporters write them, become
+// LayerNormalization (17+), RMSNormalization (23+) and GroupNormalization (21+). Each variant is stated in ONNX text,
+// fused, checked for its op sequence and report entry, and compared with the original in ONNX Runtime; each condition
+// has a chain that breaks it and the reason code the report gives.
 
 #include <catch2/catch.hpp>
 
@@ -70,6 +70,9 @@ LayerNormText pytorchLayerNorm() {
              "y = Add (g, beta)"};
   return ln;
 }
+
+/// A LLaMA-style RMSNorm at `opset` (below).
+LayerNormText rmsNorm(int opset);
 
 void replaceLine(LayerNormText& ln, const std::string& start, const std::vector<std::string>& with) {
   for (std::size_t i = 0; i < ln.body.size(); ++i) {
@@ -215,6 +218,73 @@ TEST_CASE("norm-fuse: the Keras (tf2onnx) form, gamma folded into the scale and 
     replaceLine(ln, "shift =", {"shift = Sub (mk, beta)"});
     CHECK(reasonLeft(ln) == "not-a-norm-chain");
   }
+  SECTION("a beta fed at run time is left alone") {
+    ln.extraInputs = ", float[8] beta2";
+    replaceLine(ln, "shift =", {"shift = Sub (beta2, mk)"});
+    CHECK(reasonLeft(ln) == "operand-not-constant");
+  }
+}
+
+// Keras with scale=False and/or center=False: s is the reciprocal itself, and the shift -mean * s (Neg), or the sum
+// a difference x * s - mean * s.
+TEST_CASE("norm-fuse: the Keras (tf2onnx) form without gamma or beta", "[norm-fuse]") {
+  LayerNormText ln = pytorchLayerNorm();
+  ln.body = {"mean = ReduceMean <axes = [-1]> (x)",
+             "d = Sub (x, mean)",
+             "sq = Mul (d, d)",
+             "var = ReduceMean <axes = [-1]> (sq)",
+             "ve = Add (var, eps)",
+             "s = Sqrt (ve)",
+             "r = Reciprocal (s)",
+             "k = Mul (r, gamma)",
+             "mk = Mul (mean, k)",
+             "shift = Sub (beta, mk)",
+             "xk = Mul (x, k)",
+             "y = Add (xk, shift)"};
+  SECTION("no gamma") {
+    replaceLine(ln, "k =", {});
+    replaceLine(ln, "mk =", {"mk = Mul (mean, r)"});
+    replaceLine(ln, "xk =", {"xk = Mul (r, x)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["scale"].is_null());
+    CHECK(entry["bias"] == "beta");
+    CHECK(entry["replaced_nodes"].size() == 11);
+  }
+  SECTION("no beta: the shift is Neg(mean * s)") {
+    replaceLine(ln, "shift =", {"shift = Neg (mk)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["scale"] == "gamma");
+    CHECK(entry["bias"].is_null());
+  }
+  SECTION("no beta: x * s - mean * s") {
+    replaceLine(ln, "shift =", {});
+    replaceLine(ln, "y =", {"y = Sub (xk, mk)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["bias"].is_null());
+    CHECK(entry["replaced_nodes"].size() == 11);
+  }
+  SECTION("neither") {
+    replaceLine(ln, "k =", {});
+    replaceLine(ln, "mk =", {"mk = Mul (r, mean)"});
+    replaceLine(ln, "xk =", {"xk = Mul (x, r)"});
+    replaceLine(ln, "shift =", {"shift = Neg (mk)"});
+    replaceLine(ln, "y =", {"y = Add (shift, xk)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["scale"].is_null());
+    CHECK(entry["bias"].is_null());
+  }
+  SECTION("mean * s subtracted from x * s the other way round is left alone") {
+    replaceLine(ln, "shift =", {});
+    replaceLine(ln, "y =", {"y = Sub (mk, xk)"});
+    CHECK(reasonLeft(ln) == "not-a-norm-chain");
+  }
+  SECTION("x * s read by another node too is left alone") {
+    replaceLine(ln, "k =", {});
+    replaceLine(ln, "mk =", {"mk = Mul (mean, r)"});
+    replaceLine(ln, "xk =", {"xk = Mul (x, r)"});
+    ln.extraOutputs = ", float[2,4,8] xk";
+    CHECK(reasonLeft(ln) == "intermediate-has-other-readers");
+  }
 }
 
 TEST_CASE("norm-fuse: the Flax form, variance as E[x^2] - E[x]^2", "[norm-fuse]") {
@@ -273,6 +343,20 @@ TEST_CASE("norm-fuse: gamma and beta are optional", "[norm-fuse]") {
     CHECK(entry["scale"].is_null());
     CHECK(entry["bias"] == "beta");
   }
+  SECTION("no gamma, Add(beta, n)") {
+    replaceLine(ln, "g =", {});
+    replaceLine(ln, "y =", {"y = Add (beta, n)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["scale"].is_null());
+    CHECK(entry["bias"] == "beta");
+  }
+  SECTION("no beta, Mul(gamma, n)") {
+    replaceLine(ln, "g =", {"g = Mul (gamma, n)"});
+    replaceLine(ln, "y =", {"y = Identity (g)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization,Identity");
+    CHECK(entry["scale"] == "gamma");
+    CHECK(entry["bias"].is_null());
+  }
 }
 
 TEST_CASE("norm-fuse: an fp16 LayerNorm with its statistics in float between Casts", "[norm-fuse]") {
@@ -287,6 +371,35 @@ TEST_CASE("norm-fuse: an fp16 LayerNorm with its statistics in float between Cas
   CHECK(entry["casts_absorbed"] == true);
   CHECK(entry["input"] == "x");
   CHECK(entry["replaced_ops"].front() == "Cast");
+}
+
+// Fusing would change the outputs: the chain rounds every step to float16, LayerNormalization does not (in ONNX
+// Runtime 1.30 stash_type 10 gives the same outputs as 1, off from the chain's by up to one fp16 ulp, docs/rules.md).
+TEST_CASE("norm-fuse: fp16 chains that compute their statistics in fp16 (no Casts) are left alone", "[norm-fuse]") {
+  SECTION("LayerNorm") {
+    LayerNormText ln = pytorchLayerNorm();
+    ln.elementType = onnx::TensorProto::FLOAT16;
+    ln.keepFloat = {};
+    CHECK(reasonLeft(ln) == "unsupported-type");
+  }
+  SECTION("RMSNorm") {
+    LayerNormText rms = rmsNorm(23);
+    rms.elementType = onnx::TensorProto::FLOAT16;
+    rms.keepFloat = {};
+    CHECK(reasonLeft(rms) == "unsupported-type");
+  }
+  SECTION("only the leading Cast to float") {
+    LayerNormText ln = pytorchLayerNorm();
+    ln.elementType = onnx::TensorProto::FLOAT16;
+    ln.keepFloat = {"eps", "two", "xf", "mean", "d", "sq", "var", "ve", "s", "n", "g", "y", "gamma", "beta"};
+    ln.outputType = "float[2,4,8]";
+    ln.body.insert(ln.body.begin(), "xf = Cast <to = 1> (x)");
+    replaceLine(ln, "mean =", {"mean = ReduceMean <axes = [-1]> (xf)"});
+    replaceLine(ln, "d =", {"d = Sub (xf, mean)"});
+    // A float LayerNorm of the cast input: fused, the Cast stays.
+    const json entry = fuseAndCompare(ln, "Cast,LayerNormalization", 2e-3);
+    CHECK(entry["casts_absorbed"] == false);
+  }
 }
 
 TEST_CASE("norm-fuse: a residual Add after the norm stays after the fused op", "[norm-fuse]") {
@@ -511,5 +624,174 @@ TEST_CASE("norm-fuse: a GroupNorm that breaks a condition is left with its reaso
     gn.initializers = "int64[3] grouped = {2, 3, -1}, int64[4] back = {2, 8, 3, 3}, float[3] ones = {1, 1, 1}, "
                       "float[3] zeros = {0, 0, 0}";
     CHECK(reasonLeft(gn) == "not-a-norm-chain");
+  }
+}
+
+namespace {
+
+/// The same GroupNorm with its statistics written out: ReduceMean over the grouped view's last axis, ..., Div.
+LayerNormText groupNormReduceMean(int opset) {
+  LayerNormText gn = groupNorm(opset);
+  gn.initializers = "int64[3] grouped = {2, 2, -1}, int64[4] back = {2, 8, 3, 3}, int64[1] axes = {-1}";
+  gn.body = {"xg = Reshape (x, grouped)",
+             "mean = ReduceMean (xg, axes)",
+             "d = Sub (xg, mean)",
+             "sq = Pow (d, two)",
+             "var = ReduceMean (sq, axes)",
+             "ve = Add (var, eps)",
+             "s = Sqrt (ve)",
+             "ng = Div (d, s)",
+             "n = Reshape (ng, back)",
+             "g = Mul (n, gamma)",
+             "y = Add (g, beta)"};
+  return gn;
+}
+
+}  // namespace
+
+TEST_CASE("norm-fuse: GroupNorm in the ReduceMean form becomes GroupNormalization-21", "[norm-fuse]") {
+  LayerNormText gn = groupNormReduceMean(21);
+  SECTION("gamma and beta [C, 1, 1]") {
+    const json entry = fuseAndCompare(gn, "GroupNormalization", 1e-4);
+    CHECK(entry["into_op"] == "GroupNormalization");
+    CHECK(entry["op"] == "Div");
+    CHECK(entry["num_groups"] == 2);
+    CHECK(entry["input"] == "x");
+    CHECK(entry["replaced_ops"] == json::array({"Reshape", "ReduceMean", "Sub", "Pow", "ReduceMean", "Add", "Sqrt",
+                                                "Div", "Reshape", "Mul", "Add"}));
+  }
+  SECTION("Reciprocal and Mul, gamma in the other operand order, no beta") {
+    replaceLine(gn, "ng =", {"r = Reciprocal (s)", "ng = Mul (d, r)"});
+    replaceLine(gn, "g =", {"g = Mul (gamma, n)"});
+    replaceLine(gn, "y =", {"y = Identity (g)"});
+    const json entry = fuseAndCompare(gn, "GroupNormalization,Identity", 1e-4);
+    CHECK(entry["scale"] == "gamma");
+    CHECK(entry["bias"].is_null());
+  }
+  SECTION("the Flax statistics") {
+    replaceLine(gn, "d =", {});
+    replaceLine(gn, "sq =", {"xx = Mul (xg, xg)", "meansq = ReduceMean (xx, axes)", "mm = Mul (mean, mean)"});
+    replaceLine(gn, "var =", {"var = Sub (meansq, mm)"});
+    replaceLine(gn, "ng =", {"d = Sub (xg, mean)", "ng = Div (d, s)"});
+    fuseAndCompare(gn, "GroupNormalization", 1e-4);
+  }
+}
+
+// Where a condition of GroupNormalization-21 fails, the chain is still the LayerNorm of the grouped view, exactly.
+TEST_CASE("norm-fuse: a GroupNorm in the ReduceMean form that is no GroupNormalization-21", "[norm-fuse]") {
+  LayerNormText gn = groupNormReduceMean(21);
+  SECTION("below opset 21 it is a LayerNorm of the grouped view") {
+    gn.opset = 18;
+    const json entry = fuseAndCompare(gn, "Reshape,LayerNormalization,Reshape,Mul,Add", 1e-4);
+    CHECK(entry["into_op"] == "LayerNormalization");
+  }
+  SECTION("groups that split a channel: a LayerNorm of the grouped view") {
+    gn.initializers = "int64[3] grouped = {2, 3, -1}, int64[4] back = {2, 8, 3, 3}, int64[1] axes = {-1}";
+    const json entry = fuseAndCompare(gn, "Reshape,LayerNormalization,Reshape,Mul,Add", 1e-4);
+    CHECK(entry["into_op"] == "LayerNormalization");
+  }
+  SECTION("statistics over the whole grouped value, not per group: a LayerNorm of it") {
+    gn.initializers = "int64[3] grouped = {2, 2, -1}, int64[4] back = {2, 8, 3, 3}, int64[2] axes = {1, 2}";
+    const json entry = fuseAndCompare(gn, "Reshape,LayerNormalization,Reshape,Mul,Add", 1e-4);
+    CHECK(entry["into_op"] == "LayerNormalization");
+  }
+  SECTION("gamma along the last axis instead of the channels: a LayerNorm of the grouped view") {
+    gn.gammaDims = {3};
+    const json entry = fuseAndCompare(gn, "Reshape,LayerNormalization,Reshape,Mul,Add", 1e-4);
+    CHECK(entry["into_op"] == "LayerNormalization");
+  }
+  SECTION("the grouped value also a graph output: a LayerNorm of the grouped view") {
+    gn.extraOutputs = ", float[2,2,36] xg";
+    const json entry = fuseAndCompare(gn, "Reshape,LayerNormalization,Reshape,Mul,Add", 1e-4);
+    CHECK(entry["into_op"] == "LayerNormalization");
+  }
+}
+
+// JAX/Flax writes means as ReduceSum times 1/n (or divided by n); tf2onnx sometimes averages with GlobalAveragePool on
+// a view [P, 1, R] reshaped back. n and the view are checked against the reduced dims.
+TEST_CASE("norm-fuse: means as ReduceSum / n and as GlobalAveragePool of a view", "[norm-fuse]") {
+  LayerNormText ln = pytorchLayerNorm();
+  ln.initializers = "int64[1] axes = {-1}, float inv = {0.125}, float count = {8}";
+  SECTION("ReduceSum times 1/n in both means") {
+    replaceLine(ln, "mean =", {"xs = ReduceSum (x, axes)", "mean = Mul (xs, inv)"});
+    replaceLine(ln, "var =", {"qs = ReduceSum (sq, axes)", "var = Mul (inv, qs)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["replaced_nodes"].size() == 11);
+  }
+  SECTION("ReduceSum divided by n, and a ReduceMean") {
+    replaceLine(ln, "var =", {"qs = ReduceSum (sq, axes)", "var = Div (qs, count)"});
+    fuseAndCompare(ln, "LayerNormalization");
+  }
+  SECTION("ReduceSum over two axes, axes as an attribute (opset 12): all but the opset matches") {
+    ln.opset = 12;
+    ln.initializers = "float inv = {0.03125}";
+    replaceLine(ln, "mean =", {"xs = ReduceSum <axes = [1, 2]> (x)", "mean = Mul (xs, inv)"});
+    replaceLine(ln, "var =", {"var = ReduceMean <axes = [-2, -1]> (sq)"});
+    CHECK(reasonLeft(ln) == "norm-op-not-in-opset");
+  }
+  SECTION("the Flax statistics with ReduceSum / n") {
+    ln.body = {"xs = ReduceSum (x, axes)",
+               "mean = Mul (xs, inv)",
+               "xx = Mul (x, x)",
+               "xxs = ReduceSum (xx, axes)",
+               "meansq = Mul (xxs, inv)",
+               "mm = Mul (mean, mean)",
+               "var = Sub (meansq, mm)",
+               "ve = Add (var, eps)",
+               "s = Sqrt (ve)",
+               "r = Reciprocal (s)",
+               "d = Sub (x, mean)",
+               "n1 = Mul (d, r)",
+               "g = Mul (n1, gamma)",
+               "y = Add (g, beta)"};
+    fuseAndCompare(ln, "LayerNormalization", 1e-4);
+  }
+  SECTION("GlobalAveragePool of a view [8, 1, 8] reshaped back, in both means") {
+    ln.initializers = "int64[3] view = {8, 1, 8}, int64[3] back = {2, 4, 1}";
+    replaceLine(ln, "mean =", {"xv = Reshape (x, view)", "xp = GlobalAveragePool (xv)", "mean = Reshape (xp, back)"});
+    replaceLine(ln, "var =", {"qv = Reshape (sq, view)", "qp = GlobalAveragePool (qv)", "var = Reshape (qp, back)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["normalized_dims"] == json::array({8}));
+    CHECK(entry["replaced_nodes"].size() == 13);
+  }
+  SECTION("GlobalAveragePool of a view [2, 1, 32]: the last two axes") {
+    ln.initializers = "int64[3] view = {2, 1, 32}, int64[3] back = {2, 1, 1}";
+    ln.gammaDims = {4, 8};
+    replaceLine(ln, "mean =", {"xv = Reshape (x, view)", "xp = GlobalAveragePool (xv)", "mean = Reshape (xp, back)"});
+    replaceLine(ln, "var =", {"var = ReduceMean <axes = [1, 2]> (sq)"});
+    const json entry = fuseAndCompare(ln, "LayerNormalization");
+    CHECK(entry["axis"] == -2);
+  }
+  SECTION("an RMSNorm with ReduceSum / n") {
+    LayerNormText rms = rmsNorm(23);
+    rms.initializers = "int64[1] axes = {-1}, float inv = {0.125}";
+    replaceLine(rms, "var =", {"qs = ReduceSum (sq, axes)", "var = Mul (qs, inv)"});
+    fuseAndCompare(rms, "RMSNormalization,Add");
+  }
+}
+
+TEST_CASE("norm-fuse: a ReduceSum or GlobalAveragePool that is not the mean is left with its reason", "[norm-fuse]") {
+  LayerNormText ln = pytorchLayerNorm();
+  ln.initializers = "int64[1] axes = {-1}, float inv = {0.25}, float count = {4}";
+  SECTION("times 1/4 for 8 elements") {
+    replaceLine(ln, "mean =", {"xs = ReduceSum (x, axes)", "mean = Mul (xs, inv)"});
+    CHECK(reasonLeft(ln) == "mean-count-mismatch");
+  }
+  SECTION("divided by 4 for 8 elements") {
+    replaceLine(ln, "var =", {"qs = ReduceSum (sq, axes)", "var = Div (qs, count)"});
+    CHECK(reasonLeft(ln) == "mean-count-mismatch");
+  }
+  SECTION("a sum over other axes than the other mean") {
+    ln.initializers = "int64[2] axes = {-2, -1}, float inv = {0.03125}";
+    replaceLine(ln, "var =", {"qs = ReduceSum (sq, axes)", "var = Mul (qs, inv)"});
+    CHECK(reasonLeft(ln) == "axes-differ");
+  }
+  SECTION("a GlobalAveragePool whose means are reshaped back along another axis") {
+    // x [2, 4, 4]: the means of the last axis, [8, 1, 1], reshaped to [2, 1, 4] broadcast, but along the wrong axis.
+    ln.inputType = ln.outputType = "float[2,4,4]";
+    ln.gammaDims = ln.betaDims = {4};
+    ln.initializers = "int64[3] view = {8, 1, 4}, int64[3] back = {2, 1, 4}";
+    replaceLine(ln, "var =", {"qv = Reshape (sq, view)", "qp = GlobalAveragePool (qv)", "var = Reshape (qp, back)"});
+    CHECK(reasonLeft(ln) == "not-a-norm-chain");
   }
 }

@@ -49,6 +49,7 @@ inline constexpr ReasonCode kLayerHasOtherConsumers{"layer-has-other-consumers"}
 inline constexpr ReasonCode kLayerInOtherGraph{"layer-in-other-graph"};
 inline constexpr ReasonCode kLayerKeptByUser{"layer-kept-by-user"};
 inline constexpr ReasonCode kLayerPadsInput{"layer-pads-input"};
+inline constexpr ReasonCode kMeanCountMismatch{"mean-count-mismatch"};
 inline constexpr ReasonCode kMissingInput{"missing-input"};
 inline constexpr ReasonCode kMissingOutput{"missing-output"};
 inline constexpr ReasonCode kMulMayBroadcastInput{"mul-may-broadcast-input"};
