@@ -25,9 +25,14 @@ log "building in $build_dir"
 # Debian's interpreter, which has python3-onnx: a python3 earlier on PATH (pyenv, conda) may not.
 python="${BNFOLD_PYTHON:-/usr/bin/python3}"
 # An installed ccache is used unless the caller chose a launcher (or BNFOLD_CCACHE=0); it is not a dependency.
+# The library and the tests compile with precompiled headers, which ccache caches only with this sloppiness:
+# the launcher carries it, so a build in this folder started by hand caches too, whatever ccache's own config says.
 launcher=()
 if [[ "${BNFOLD_CCACHE:-1}" != 0 && -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]] && command -v ccache >/dev/null; then
-    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+    sloppiness="$(ccache --get-config sloppiness 2>/dev/null || true)"
+    sloppiness="${sloppiness// /}"
+    ccache_launcher="env;CCACHE_SLOPPINESS=${sloppiness:+$sloppiness,}pch_defines,time_macros;ccache"
+    launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=$ccache_launcher" "-DCMAKE_C_COMPILER_LAUNCHER=$ccache_launcher")
 fi
 cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBNFOLD_WARNINGS_AS_ERRORS=ON \
     -DPYTHON_EXECUTABLE="$python" "${launcher[@]}" >&2
