@@ -4,7 +4,7 @@
 # regression corpora (CTest label `fuzz`). Exit 1 on any finding, naming the file that reproduces it.
 #
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [BUILD_DIR]      (defaults: 60, build-sanitize)
-#   FUZZ_WORKERS=N     parallel fuzzing processes per target, 1 or 2 (default 1)
+#   FUZZ_WORKERS=N     parallel fuzzing processes per target, 1 or 2 (default 1); the targets run at once
 #   FUZZ_TARGETS="..." targets to run (default: bnfold_fuzz_load_save bnfold_fuzz_graph)
 #   FUZZ_KEEP_GOING=1  for long campaigns: keep fuzzing after a finding (each is saved; needs FUZZ_WORKERS)
 #
@@ -64,6 +64,9 @@ failed=()
 start_marker="$(mktemp)"
 trap 'rm -f "$start_marker"' EXIT
 
+# The targets fuzz at the same time (one process each on the 2-core machine), so CI waits $seconds s, not one
+# period per target.
+declare -A pid_of status_of
 for target in "${targets[@]}"; do
     executable="$build_dir/test/fuzz/$target"
     corpus="$fuzz_dir/corpus/$target"
@@ -76,10 +79,21 @@ for target in "${targets[@]}"; do
         [[ "${FUZZ_KEEP_GOING:-0}" == 1 ]] && flags+=(-ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
     fi
     log "$target: fuzzing for $seconds s (log: $fuzz_dir/$target.log)"
-    status=0
     # The first folder collects new inputs; the seed folders are only read.
-    (cd "$fuzz_dir" && nice -n 5 "$executable" "${flags[@]}" "$corpus" "$seeds" "$seeds/exporters") \
-        >"$fuzz_dir/$target.log" 2>&1 || status=$?
+    (cd "$fuzz_dir" && exec nice -n 5 "$executable" "${flags[@]}" "$corpus" "$seeds" "$seeds/exporters") \
+        >"$fuzz_dir/$target.log" 2>&1 &
+    pid_of[$target]=$!
+done
+for target in "${targets[@]}"; do
+    status_of[$target]=0
+    wait "${pid_of[$target]}" || status_of[$target]=$?
+done
+
+for target in "${targets[@]}"; do
+    executable="$build_dir/test/fuzz/$target"
+    corpus="$fuzz_dir/corpus/$target"
+    findings="$fuzz_dir/findings/$target"
+    status="${status_of[$target]}"
     executions="$(grep -oE '^#[0-9]+' "$fuzz_dir/$target.log" | tail -n 1 | tr -d '#')"
     new_findings="$(find "$findings" -type f -newer "$start_marker" | sort)"
     log "$target: ${executions:-0} executions in $seconds s, corpus $(find "$corpus" -type f | wc -l) files" \
