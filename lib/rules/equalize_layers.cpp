@@ -2,7 +2,8 @@
 //             (and longer chains L1 -> A -> L2 -> A -> L3 ...)        | Gemm | MatMul with a constant 2-D weight
 //             Junctions: Ya = La(A(L1(X))), Yb = Lb(A(L1(X))), ...                       (fan-out)
 //                        Y = G(F(A(L1(X))))   F = Flatten | Reshape to [N, C*H*W], G = Gemm | MatMul    (flatten)
-//                        Y = L(Concat(A1(L1(X1)), A2(L2(X2)), ...) on the channel axis)            (concat)
+//                        Ya = La(C), Yb = Lb(C), C = Concat(A1(L1(X1)), A2(L2(X2)), ...) on the channel axis
+//                                                                                                    (concat)
 // After:      Y = L2(A(L1(X, W1', B1')), W2', B2): the same graph with new weights and biases
 // Conditions: every layer readable as an affine layer (constant floating weight and bias, not kept); L1's output
 //             read only by A (or L2), A's only by L2 as its data input, neither a graph output; the channels
@@ -12,7 +13,7 @@
 //             Fan-out: every reader of A's output such a layer. Flatten: L1 spatial, its dims after the channel
 //             axis known (their product is the block of G's input features per channel, layout_path.h). Concat:
 //             every input a layer's output (through its own activation) read only by the Concat, the axis the
-//             layers' channel axis, the Concat read only by L.
+//             layers' channel axis, the Concat read only by layers (one or several) as their data input.
 // Math:       A(s z) = s A(z) for s > 0 (per-channel slopes stay with their channel), so with
 //             s_i = sqrt(r1_i / r2_i), r1_i = max|W1 feeding output channel i|, r2_i = max|W2 reading input
 //             channel i|: W1'[i] = W1[i] / s_i, B1'[i] = B1[i] / s_i, W2'[:, i] = W2[:, i] * s_i. A chain's
@@ -322,9 +323,12 @@ std::variant<Junction, LinkProblem> concatJunction(const Node& concat, const Rul
   const std::string& name = concat.name();
   const Value* output = concat.output(0);
   if (!output) return LinkProblem{failure(reason::kMissingOutput, "'" + name + "' has no output")};
-  if (output->isGraphOutput() || output->uses().size() != 1 || !isAffineLayerOp(*output->uses().front().node) ||
-      output->uses().front().slot != 0)
-    return LinkProblem{readersProblem(*output, name)};
+  // One reader or several (a Concat that fans out), each a layer reading it as its data input.
+  const bool readByLayers = !output->uses().empty() && std::all_of(output->uses().begin(), output->uses().end(),
+                                                                   [](const Use& use) {
+                                                                     return isAffineLayerOp(*use.node) && use.slot == 0;
+                                                                   });
+  if (output->isGraphOutput() || !readByLayers) return LinkProblem{readersProblem(*output, name)};
   for (std::size_t i = 0; i < concat.inputs().size(); ++i) {
     const Value* input = concat.input(i);
     const std::string which = "input " + std::to_string(i) + " of '" + name + "'";
@@ -386,9 +390,11 @@ std::variant<Junction, LinkProblem> concatJunction(const Node& concat, const Rul
   // The reader sees the Concat as one layer with all the producers' channels.
   AffineLayer joined = junction.producers.front().layer;
   joined.outputChannels = static_cast<int64_t>(junction.channels);
-  auto reader = readerLayer(*output->uses().front().node, joined, 1, context);
-  if (auto* problem = std::get_if<LinkProblem>(&reader)) return *problem;
-  junction.readers.push_back({std::move(std::get<AffineLayer>(reader)), nullptr, 1});
+  for (const Use& use : output->uses()) {
+    auto reader = readerLayer(*use.node, joined, 1, context);
+    if (auto* problem = std::get_if<LinkProblem>(&reader)) return *problem;
+    junction.readers.push_back({std::move(std::get<AffineLayer>(reader)), nullptr, 1});
+  }
   if (auto problem = junctionWeightsProblem(junction, context)) return *problem;
   return junction;
 }

@@ -928,3 +928,76 @@ TEST_CASE("equalize blocker: a fan-out whose scales would not lower the int8 err
   const auto entry = leftAlone(text, "Conv_0");
   CHECK(entry["reason"] == "not-improving");
 }
+
+TEST_CASE("equalize: a Concat read by two layers scales each input's channels against both readers",
+          "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[1,3,6,6] x) => (float[1,5,6,6] ya, float[1,2,6,6] yb)
+<)" + rowSpread("w1", {4, 3, 3, 3}, 260.0) +
+                          ", " + floats("b1", {4}, 261.0) + ", " + rowSpread("w2", {6, 3, 1, 1}, 262.0) + ", " +
+                          floats("wa", {5, 10, 3, 3}, 263.0) + ", " + floats("wb", {2, 10, 1, 1}, 264.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  r1 = Relu (c1)
+  c2 = Conv (x, w2)
+  r2 = LeakyRelu <alpha = 0.1> (c2)
+  cat = Concat <axis = 1> (r1, r2)
+  ya = Conv <pads = [1,1,1,1]> (cat, wa)
+  yb = Conv (cat, wb)
+}
+)");
+  auto r1 = channelMax(initializerValues(*model, "w1"), 4, convChannel({4, 3, 3, 3}));
+  const auto r2 = channelMax(initializerValues(*model, "w2"), 6, convChannel({6, 3, 1, 1}));
+  r1.insert(r1.end(), r2.begin(), r2.end());
+  const auto ra = channelMax(initializerValues(*model, "wa"), 10, convInputChannel({5, 10, 3, 3}));
+  const auto rb = channelMax(initializerValues(*model, "wb"), 10, convInputChannel({2, 10, 1, 1}));
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == "Conv,Relu,Conv,LeakyRelu,Concat,Conv,Conv");
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "concat");
+  REQUIRE(entry["producers"].size() == 2);
+  REQUIRE(entry["readers"].size() == 2);
+  CHECK(entry["readers"][0]["layer"] == "Conv_2");
+  CHECK(entry["readers"][1]["layer"] == "Conv_3");
+  for (std::size_t i = 0; i < 10; ++i)
+    CHECK(entry["scales"][i].get<double>() == Approx(std::sqrt(r1[i] / std::max(ra[i], rb[i]))).epsilon(1e-6));
+  for (const char* name : {"Conv_0", "Conv_1", "Conv_2", "Conv_3"})
+    CHECK(findNodeByName(*model, name)->input(1)->name().find("_equalized") != std::string::npos);
+  CHECK(section(outcome.report, "not_equalized").empty());
+}
+
+TEST_CASE("equalize blocker: a Concat read by a layer and something else", "[equalize]") {
+  auto concatThen = [](const std::string& readers, const std::string& outputs) {
+    return header() + "g (float[1,3,6,6] x) => (" + outputs + ")\n<" + rowSpread("w1", {4, 3, 3, 3}, 270.0) + ", " +
+           rowSpread("w2", {4, 3, 1, 1}, 271.0) + ", " + floats("wa", {8, 8, 1, 1}, 272.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  c2 = Conv (x, w2)
+  cat = Concat <axis = 1> (r1, c2)
+)" + readers + "\n}\n";
+  };
+  // A Concat read by a layer and a pool.
+  CHECK(leftAlone(concatThen("  ya = Conv (cat, wa)\n  yb = MaxPool <kernel_shape = [1,1]> (cat)",
+                             "float[1,8,6,6] ya, float[1,8,6,6] yb"),
+                  "Concat_0")["reason"] == "layer-has-other-consumers");
+  // A Concat read by a layer and a residual Add.
+  CHECK(leftAlone(concatThen("  ya = Conv (cat, wa)\n  y = Add (ya, cat)", "float[1,8,6,6] y"), "Concat_0")["reason"] ==
+        "residual-add");
+  // A Concat that is also a graph output.
+  CHECK(leftAlone(concatThen("  ya = Conv (cat, wa)", "float[1,8,6,6] ya, float[1,8,6,6] cat"),
+                  "Concat_0")["reason"] == "layer-has-other-consumers");
+  // Two readers, one reading the channels on another axis (MatMul reads the last).
+  CHECK(leftAlone(header() + R"(g (float[1,3,6,6] x) => (float[1,8,6,6] ya, float[1,8,6,4] yb)
+<)" + rowSpread("w1", {4, 3, 3, 3}, 273.0) + ", " + rowSpread("w2", {4, 3, 1, 1}, 274.0) + ", " +
+                      floats("wa", {8, 8, 1, 1}, 275.0) + ", " + floats("wb", {6, 4}, 276.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  c2 = Conv (x, w2)
+  cat = Concat <axis = 1> (c1, c2)
+  ya = Conv (cat, wa)
+  yb = MatMul (cat, wb)
+}
+)",
+                  "Concat_0")["reason"] == "channel-axis-mismatch");
+}
