@@ -36,6 +36,8 @@ inline const OpVersions kSlice{"Slice", {1, 10, 11, 13}};
 inline const OpVersions kGather{"Gather", {1, 11, 13}};
 inline const OpVersions kExpand{"Expand", {8, 13}};
 inline const OpVersions kConstantOfShape{"ConstantOfShape", {9, 20, 21, 23, 24, 25}};
+// A spatial mean passes a channel scale through (equalize's pool junction).
+inline const OpVersions kGlobalAveragePool{"GlobalAveragePool", {1, 22}};
 // Positively homogeneous activations (equalize looks through them).
 inline const OpVersions kRelu{"Relu", {1, 6, 13, 14}};
 inline const OpVersions kLeakyRelu{"LeakyRelu", {1, 6, 16}};

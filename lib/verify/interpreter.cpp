@@ -480,6 +480,14 @@ class Evaluator {
       setReal(node, 0, x.type, reduceMean(real(node, 0), axes, intAttribute(node, "keepdims", 1) != 0));
       return;
     }
+    if (op == "GlobalAveragePool") {
+      const Operand<T>& x = input(node, 0);
+      std::vector<int64_t> spatial;
+      for (int64_t axis = 2; axis < static_cast<int64_t>(x.dims().size()); ++axis) spatial.push_back(axis);
+      if (spatial.empty()) throw EvaluationError(describe(node) + ": input of rank below 3");
+      setReal(node, 0, x.type, reduceMean(real(node, 0), spatial, true));
+      return;
+    }
     if (op == "Reshape") return evaluateReshape(node);
     if (op == "Flatten") {
       const Operand<T>& x = input(node, 0);
@@ -550,7 +558,7 @@ bool isEvaluableOp(const std::string& op) {
                                     "Conv",       "ConvTranspose", "Gemm", "MatMul", "BatchNormalization",
                                     "LayerNormalization", "RMSNormalization", "GroupNormalization",
                                     "InstanceNormalization",
-                                    "ReduceMean", "Reshape",   "Flatten", "Squeeze", "Unsqueeze", "Transpose",
+                                    "ReduceMean", "GlobalAveragePool", "Reshape",   "Flatten", "Squeeze", "Unsqueeze", "Transpose",
                                     "Cast",       "Concat",    "Slice",   "Gather",  "Expand",    "ConstantOfShape",
                                     "Constant"};
   return std::find(std::begin(ops), std::end(ops), op) != std::end(ops);

@@ -1001,3 +1001,103 @@ TEST_CASE("equalize blocker: a Concat read by a layer and something else", "[equ
 )",
                   "Concat_0")["reason"] == "channel-axis-mismatch");
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Through a spatial mean: GlobalAveragePool or ReduceMean over the spatial axes, a CNN classifier head.
+
+namespace {
+
+/// Conv -> Relu -> `head` (reading r1) with a spread w1 [6, 3, 3, 3] and the head's weight `w2` of `w2Dims`.
+std::string poolHead(const std::string& head, const std::vector<int64_t>& w2Dims, const std::string& output,
+                     int opset = 13, const std::string& extraInits = "") {
+  return header(opset) + "g (float[2,3,4,4] x) => (" + output + ")\n<" + rowSpread("w1", {6, 3, 3, 3}, 280.0) +
+         ", " + floats("b1", {6}, 281.0) + ", " + floats("w2", w2Dims, 282.0) + extraInits + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  r1 = Relu (c1)
+)" + head + "\n}\n";
+}
+
+void checkPoolHead(const std::string& text, const std::vector<std::string>& throughOps,
+                   const std::function<std::size_t(std::size_t)>& readerChannel, std::size_t w2Size) {
+  auto model = parseModel(text);
+  const std::string before = opSequence(model->graph());
+  const auto r1 = channelMax(initializerValues(*model, "w1"), 6, convChannel({6, 3, 3, 3}));
+  const auto w2 = initializerValues(*model, "w2");
+  REQUIRE(w2.size() == w2Size);
+  const auto r2 = channelMax(w2, 6, readerChannel);
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == before);
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "pool");
+  REQUIRE(entry["readers"].size() == 1);
+  const auto& ops = entry["readers"][0]["through_ops"];
+  REQUIRE(ops.size() == throughOps.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) CHECK(ops[i]["op"] == throughOps[i]);
+  CHECK(entry["readers"][0]["features_per_channel"] == 1);
+  for (std::size_t i = 0; i < 6; ++i)
+    CHECK(entry["scales"][i].get<double>() == Approx(std::sqrt(r1[i] / r2[i])).epsilon(1e-6));
+  CHECK(section(outcome.report, "not_equalized").empty());
+}
+
+}  // namespace
+
+TEST_CASE("equalize: Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm passes the scales through the mean",
+          "[equalize]") {
+  // transB: w2 is [5, 6], input feature c = channel c.
+  checkPoolHead(poolHead("  p = GlobalAveragePool (r1)\n  f = Flatten (p)\n  y = Gemm <transB = 1> (f, w2)", {5, 6},
+                         "float[2,5] y"),
+                {"GlobalAveragePool", "Flatten"}, [](std::size_t i) { return i % 6; }, 30);
+}
+
+TEST_CASE("equalize: ReduceMean over the spatial axes (keepdims) -> Reshape -> MatMul, axes as attribute and input",
+          "[equalize]") {
+  // MatMul: w2 is [6, 4], input feature c = row c.
+  const std::string head = "  f = Reshape (p, shape)\n  y = MatMul (f, w2)";
+  checkPoolHead(poolHead("  p = ReduceMean <axes = [-2, -1]> (r1)\n" + head, {6, 4}, "float[2,4] y", 13,
+                         ", int64[2] shape = {0, -1}"),
+                {"ReduceMean", "Reshape"}, [](std::size_t i) { return i / 4; }, 24);
+  checkPoolHead(poolHead("  p = ReduceMean (r1, axes)\n" + head, {6, 4}, "float[2,4] y", 18,
+                         ", int64[2] shape = {0, -1}, int64[2] axes = {2, 3}"),
+                {"ReduceMean", "Reshape"}, [](std::size_t i) { return i / 4; }, 24);
+}
+
+TEST_CASE("equalize: a spatial mean without keepdims read by a Gemm, with keepdims by a 1x1 Conv", "[equalize]") {
+  checkPoolHead(poolHead("  p = ReduceMean <axes = [2, 3], keepdims = 0> (r1)\n  y = Gemm (p, w2)", {6, 3},
+                         "float[2,3] y"),
+                {"ReduceMean"}, [](std::size_t i) { return i / 3; }, 18);
+  checkPoolHead(poolHead("  p = GlobalAveragePool (r1)\n  y = Conv (p, w2)", {4, 6, 1, 1}, "float[2,4,1,1] y"),
+                {"GlobalAveragePool"}, convInputChannel({4, 6, 1, 1}), 24);
+}
+
+TEST_CASE("equalize: a fan-out to a Conv and a GlobalAveragePool head", "[equalize]") {
+  auto model = parseModel(poolHead("  ya = Conv (r1, wa)\n  p = GlobalAveragePool (r1)\n  f = Flatten (p)\n"
+                                   "  yb = Gemm <transB = 1> (f, w2)",
+                                   {5, 6}, "float[2,4,4,4] ya, float[2,5] yb", 13,
+                                   ", " + floats("wa", {4, 6, 1, 1}, 283.0)));
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "fan-out");
+  REQUIRE(entry["readers"].size() == 2);
+  CHECK(entry["readers"][0]["through_ops"].empty());
+  CHECK(entry["readers"][1]["through_ops"][0]["node"] == "GlobalAveragePool_0");
+  CHECK(entry["readers"][1]["through"] == "Flatten_0");
+}
+
+TEST_CASE("equalize blocker: a mean that is not over exactly the spatial axes", "[equalize]") {
+  const std::string head = "  f = Flatten (p)\n  y = Gemm <transB = 1> (f, w2)";
+  // Over the channels too: one feature for all channels.
+  CHECK(leftAlone(poolHead("  p = ReduceMean <axes = [1, 2, 3]> (r1)\n" + head, {5, 1}, "float[2,5] y"),
+                  "Conv_0")["reason"] == "reader-not-layer");
+  // Over one spatial axis: Flatten then mixes channels with the other.
+  CHECK(leftAlone(poolHead("  p = ReduceMean <axes = [3]> (r1)\n" + head, {5, 24}, "float[2,5] y"), "Conv_0")["reason"] ==
+        "reader-not-layer");
+  // A pooled value read by the head and by a graph output.
+  CHECK(leftAlone(poolHead("  p = GlobalAveragePool (r1)\n" + head, {5, 6}, "float[2,5] y, float[2,6,1,1] p"),
+                  "Conv_0")["reason"] == "reader-not-layer");
+  // GlobalMaxPool would pass the scales too (a max commutes with a positive scale), but is not looked through yet.
+  CHECK(leftAlone(poolHead("  p = GlobalMaxPool (r1)\n" + head, {5, 6}, "float[2,5] y"), "Conv_0")["reason"] ==
+        "reader-not-layer");
+}
