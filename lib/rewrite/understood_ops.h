@@ -42,6 +42,8 @@ inline const OpVersions kGlobalAveragePool{"GlobalAveragePool", {1, 22}};
 inline const OpVersions kRelu{"Relu", {1, 6, 13, 14}};
 inline const OpVersions kLeakyRelu{"LeakyRelu", {1, 6, 16}};
 inline const OpVersions kPRelu{"PRelu", {1, 6, 7, 9, 16}};
+// ReLU6 as ONNX writes it (relu6-to-relu reads it; not homogeneous, so equalize stops at it).
+inline const OpVersions kClip{"Clip", {1, 6, 11, 12, 13}};
 // Arithmetic: versions 1 and 6 broadcast only with the `broadcast`/`axis` attributes, which rules emitting these
 // ops write; rules that read an Add or Mul as numpy-broadcast take versions 7 and later only.
 inline const OpVersions kAdd{"Add", {1, 6, 7, 13, 14}};

@@ -47,6 +47,7 @@ PARITY_CASES = [
     ({"equalize": True}, ["--equalize"]),
     ({"equalize": True, "verify": True}, ["--equalize", "--verify"]),
     ({"equalize": True, "absorb_high_bias": True}, ["--equalize", "--absorb-high-bias"]),
+    ({"equalize": True, "relu6_to_relu": True}, ["--equalize", "--relu6-to-relu"]),
     ({"max_constant_size": 0}, ["--max-constant-size", "0"]),
 ]
 
