@@ -141,7 +141,7 @@ TEST_CASE("relu6-to-relu: other Clips, and Clips not between layers, are left al
 )");
 }
 
-TEST_CASE("relu6-to-relu: the flag needs --equalize; without the flag equalize stops at the ReLU6", "[relu6][cli]") {
+TEST_CASE("relu6-to-relu: the flag needs --equalize, and without it equalize stops at the ReLU6", "[relu6][cli]") {
   TempDir dir;
   auto model = parseModel(identityPair(5.0, "r1 = Clip (c1, lo, hi)"));
   saveModel(*model, dir.file("m.onnx"));
