@@ -219,7 +219,7 @@ def test_every_cli_fold_option_is_a_keyword_of_fold_or_fold_many_and_of_their_st
 
     code, out, _ = run_cli("fold", "--help")
     assert code == 0
-    flags = set(re.findall(r"^  (?:-\w,)?(--[a-z-]+)", out, re.MULTILINE)) - {"--help", "--help-all"}
+    flags = set(re.findall(r"^  (?:-\w,)?(--[a-z0-9-]+)", out, re.MULTILINE)) - {"--help", "--help-all"}
     assert {"--rules", "--verify", "--output", "--out-dir", "--jobs"} <= flags
     as_keywords = lambda chosen: {flag[2:].replace("-", "_") for flag in chosen}
     assert as_keywords(flags - BATCH_ONLY_FLAGS) <= keyword_only(bnfold.fold)
