@@ -29,6 +29,10 @@ void addRuleFlags(CLI::App& command, RuleFlags& flags) {
                    "High-bias absorption after --equalize (needs it; same as --rules +absorb-high-bias): move "
                    "max(0, beta - 3|gamma|) of a folded BN's channels through a Relu into the next layer's bias, for "
                    "activation quantization; exact where the pre-activation stays above it (see docs/quantization.md)");
+  command.add_flag("--relu6-to-relu", flags.relu6ToRelu,
+                   "With --equalize (needs it; same as --rules +relu6-to-relu): replace Clip(0, 6) between two layers "
+                   "with Relu so equalize can reach the link. CHANGES THE FUNCTION where the first layer's output "
+                   "exceeds 6; listed with a warning in the report's relu6_replaced (see docs/quantization.md)");
   command.add_option("--max-constant-size", flags.maxConstantMiB,
                      "Largest result (MiB) of an op that is evaluated when a weight or BN parameter is computed from "
                      "constants (Identity, Cast, Reshape, Add(var, eps), ...)")

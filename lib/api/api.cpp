@@ -24,6 +24,7 @@ DriverOptions driverOptionsFrom(const RuleSettings& settings) {
   std::string selection = settings.rules;
   if (settings.equalize) selection += ",+equalize";
   if (settings.absorbHighBias) selection += ",+absorb-high-bias";
+  if (settings.relu6ToRelu) selection += ",+relu6-to-relu";
   try {
     options.rules = parseRuleSelection(selection);
   } catch (const std::invalid_argument& e) {
@@ -36,6 +37,10 @@ DriverOptions driverOptionsFrom(const RuleSettings& settings) {
   if (selected("absorb-high-bias") && !selected("equalize"))
     throw Error("", settings.absorbHighBias ? "--absorb-high-bias needs --equalize"
                                             : "--rules: absorb-high-bias needs equalize (+equalize or --equalize)");
+  // Relu6 -> Relu changes the function; it is worth that only to let equalize reach the link.
+  if (selected("relu6-to-relu") && !selected("equalize"))
+    throw Error("", settings.relu6ToRelu ? "--relu6-to-relu needs --equalize"
+                                         : "--rules: relu6-to-relu needs equalize (+equalize or --equalize)");
   if (!(settings.maxConstantMiB >= 0)) throw Error("", "--max-constant-size: must be a number of MiB, 0 or more");
   options.ruleOptions.keepNodes = settings.keepNodes;
   options.ruleOptions.keepOps = settings.keepOps;

@@ -10,6 +10,7 @@ const std::vector<OpVersions>& knownOpVersions() {
       {"Add", {1, 6, 7, 13, 14}},
       {"BatchNormalization", {1, 6, 7, 9, 14, 15}},
       {"Cast", {1, 6, 9, 13, 19, 21, 23, 24, 25}},
+      {"Clip", {1, 6, 11, 12, 13}},
       {"Concat", {1, 4, 11, 13}},
       {"Constant", {1, 9, 11, 12, 13, 19, 21, 23, 24, 25}},
       {"ConstantOfShape", {9, 20, 21, 23, 24, 25}},

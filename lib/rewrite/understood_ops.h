@@ -38,10 +38,14 @@ inline const OpVersions kSlice{"Slice", {1, 10, 11, 13}};
 inline const OpVersions kGather{"Gather", {1, 11, 13}};
 inline const OpVersions kExpand{"Expand", {8, 13}};
 inline const OpVersions kConstantOfShape{"ConstantOfShape", {9, 20, 21, 23, 24, 25}};
+// A spatial mean passes a channel scale through (equalize's pool junction).
+inline const OpVersions kGlobalAveragePool{"GlobalAveragePool", {1, 22}};
 // Positively homogeneous activations (equalize looks through them).
 inline const OpVersions kRelu{"Relu", {1, 6, 13, 14}};
 inline const OpVersions kLeakyRelu{"LeakyRelu", {1, 6, 16}};
 inline const OpVersions kPRelu{"PRelu", {1, 6, 7, 9, 16}};
+// ReLU6 as ONNX writes it (relu6-to-relu reads it; not homogeneous, so equalize stops at it).
+inline const OpVersions kClip{"Clip", {1, 6, 11, 12, 13}};
 // Arithmetic: versions 1 and 6 broadcast only with the `broadcast`/`axis` attributes, which rules emitting these
 // ops write; rules that read an Add or Mul as numpy-broadcast take versions 7 and later only.
 inline const OpVersions kAdd{"Add", {1, 6, 7, 13, 14}};

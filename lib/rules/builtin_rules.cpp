@@ -26,6 +26,7 @@ const std::vector<std::unique_ptr<Rule>>& builtinRules() {
     list.push_back(rules::makeAbsorbAddIntoBias());     // rooted at Add: order does not matter for BN
     list.push_back(rules::makeFoldScaleIntoWeights());  // rooted at Mul
     list.push_back(rules::makeFoldNormAffineForward());  // rooted at LayerNormalization / RMSNormalization
+    list.push_back(rules::makeReplaceRelu6WithRelu());  // after the folds' fixed point, before equalize
     list.push_back(rules::makeEqualizeLayers());        // rooted at layers; runs after the others' fixed point
     list.push_back(rules::makeAbsorbHighBias());        // after equalize: reads the statistics as it scaled them
     return list;

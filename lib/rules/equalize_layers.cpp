@@ -2,7 +2,10 @@
 //             (and longer chains L1 -> A -> L2 -> A -> L3 ...)        | Gemm | MatMul with a constant 2-D weight
 //             Junctions: Ya = La(A(L1(X))), Yb = Lb(A(L1(X))), ...                       (fan-out)
 //                        Y = G(F(A(L1(X))))   F = Flatten | Reshape to [N, C*H*W], G = Gemm | MatMul    (flatten)
-//                        Y = L(Concat(A1(L1(X1)), A2(L2(X2)), ...) on the channel axis)            (concat)
+//                        Y = L(F?(P(A(L1(X)))))  P = GlobalAveragePool | ReduceMean over the spatial axes, L a
+//                        Conv (P keeps dims) or Gemm | MatMul (through F, or P drops the spatial axes)    (pool)
+//                        Ya = La(C), Yb = Lb(C), C = Concat(A1(L1(X1)), A2(L2(X2)), ...) on the channel axis
+//                                                                                                    (concat)
 // After:      Y = L2(A(L1(X, W1', B1')), W2', B2): the same graph with new weights and biases
 // Conditions: every layer readable as an affine layer (constant floating weight and bias, not kept); L1's output
 //             read only by A (or L2), A's only by L2 as its data input, neither a graph output; the channels
@@ -12,7 +15,7 @@
 //             Fan-out: every reader of A's output such a layer. Flatten: L1 spatial, its dims after the channel
 //             axis known (their product is the block of G's input features per channel, layout_path.h). Concat:
 //             every input a layer's output (through its own activation) read only by the Concat, the axis the
-//             layers' channel axis, the Concat read only by L.
+//             layers' channel axis, the Concat read only by layers (one or several) as their data input.
 // Math:       A(s z) = s A(z) for s > 0 (per-channel slopes stay with their channel), so with
 //             s_i = sqrt(r1_i / r2_i), r1_i = max|W1 feeding output channel i|, r2_i = max|W2 reading input
 //             channel i|: W1'[i] = W1[i] / s_i, B1'[i] = B1[i] / s_i, W2'[:, i] = W2[:, i] * s_i. A chain's
@@ -34,6 +37,8 @@
 #include <variant>
 
 #include "affine_layer.h"
+#include "analysis/op_forms.h"
+#include "analysis/shape_ops.h"
 #include "bnfold/rewrite/pre_activation_statistics.h"
 #include "bnfold/rewrite/rewriter.h"
 #include "kernels/equalize_junction.h"
@@ -141,9 +146,11 @@ std::variant<Carried, LinkProblem> carriedOutput(const AffineLayer& first, const
 }
 
 // `second` read as the layer that takes the inverse of `first`'s output scales on its input channels, `block`
-// consecutive input features per channel of `first` (more than 1 through a Flatten), or why it cannot.
+// consecutive input features per channel of `first` (more than 1 through a Flatten), or why it cannot. `features`:
+// a spatial `first`'s channels reach `second` as the features of a 2-D input (through a Flatten or a spatial mean
+// that drops the spatial axes).
 std::variant<AffineLayer, LinkProblem> readerLayer(const Node& second, const AffineLayer& first, int64_t block,
-                                                   const RuleContext& context) {
+                                                   bool features, const RuleContext& context) {
   const std::string& from = first.node->name();
   if (second.graph() != first.node->graph())
     return LinkProblem{
@@ -154,7 +161,7 @@ std::variant<AffineLayer, LinkProblem> readerLayer(const Node& second, const Aff
   MatchFailure why;
   auto next = readAffineLayer(second, context, &why);
   if (!next) return LinkProblem{asLayerFailure(why)};
-  const bool sameAxis = block == 1 ? first.isSpatial() == next->isSpatial() : first.isSpatial() && !next->isSpatial();
+  const bool sameAxis = features ? first.isSpatial() && !next->isSpatial() : first.isSpatial() == next->isSpatial();
   if (!sameAxis || (next->isGemm() && next->transA))
     return LinkProblem{failure(reason::kChannelAxisMismatch, "the output channels of '" + from + "' (" +
                                                                   first.node->opType() + ") are not on the axis '" +
@@ -205,7 +212,7 @@ std::variant<Link, LinkProblem> linkAfter(const AffineLayer& first, const RuleCo
   if (carried.value->isGraphOutput() || carried.value->uses().size() != 1) return problem();
   const Use& use = carried.value->uses().front();
   if (!isAffineLayerOp(*use.node) || use.slot != 0) return problem();
-  auto next = readerLayer(*use.node, first, 1, context);
+  auto next = readerLayer(*use.node, first, 1, false, context);
   if (auto* failure = std::get_if<LinkProblem>(&next)) return std::move(*failure);
   link.next = std::move(std::get<AffineLayer>(next));
   if (auto shared = weightsProblem({first.weightValue, first.biasValue, link.next.weightValue}, context))
@@ -235,11 +242,12 @@ struct JunctionProducerLayer {
 };
 struct JunctionReaderLayer {
   AffineLayer layer;
+  const Node* pool = nullptr;     // the GlobalAveragePool/ReduceMean before the reader (or its Flatten), or null
   const Node* flatten = nullptr;  // the Flatten/Reshape before a Gemm/MatMul reader, or null
   int64_t block = 1;
 };
 struct Junction {
-  const char* kind = "";  // fan-out | flatten | concat
+  const char* kind = "";  // fan-out | flatten | pool | concat
   const Node* concat = nullptr;
   std::vector<JunctionProducerLayer> producers;
   std::vector<JunctionReaderLayer> readers;
@@ -263,8 +271,33 @@ std::optional<LinkProblem> junctionWeightsProblem(const Junction& junction, cons
   return weightsProblem(values, context);
 }
 
+// Whether `node` averages each channel of a rank-`rank` NC... input over all its spatial axes and nothing else:
+// GlobalAveragePool, or ReduceMean over exactly axes 2 .. rank-1; `keepsDims` says whether they stay as 1s. A mean
+// is positively homogeneous and per channel, so a channel scale passes through it.
+bool isSpatialMean(const Node& node, int64_t rank, const RuleContext& context, bool* keepsDims) {
+  *keepsDims = true;
+  if (node.isOnnxOp("GlobalAveragePool")) return true;
+  if (!node.isOnnxOp("ReduceMean") || rank < 3) return false;
+  std::vector<int64_t> axes;
+  if (context.opset() < kReduceMeanAxesInputOpset) {
+    axes = node.attributeInts("axes");
+  } else if (node.inputs().size() > 1 && node.input(1)) {
+    const Tensor* tensor = context.constantOf(node.input(1));
+    if (!tensor) return false;
+    axes = tensor->toInt64s();
+  }
+  for (int64_t& axis : axes)
+    if (axis < 0) axis += rank;
+  std::sort(axes.begin(), axes.end());
+  std::vector<int64_t> spatial;
+  for (int64_t axis = 2; axis < rank; ++axis) spatial.push_back(axis);
+  *keepsDims = node.attributeInt("keepdims", 1) != 0;
+  return axes == spatial;
+}
+
 // The junction after `first` when its output (after its activation) is read by several layers, or through a
-// Flatten/Reshape by a Gemm/MatMul; nullopt when it is no such junction (linkAfter's reason stands).
+// Flatten/Reshape or a spatial mean (then maybe a Flatten/Reshape) by a layer; nullopt when it is no such junction
+// (linkAfter's reason stands).
 std::optional<std::variant<Junction, LinkProblem>> junctionAfter(const AffineLayer& first, const RuleContext& context) {
   auto carriedOrProblem = carriedOutput(first, context);
   if (std::holds_alternative<LinkProblem>(carriedOrProblem)) return std::nullopt;
@@ -277,19 +310,43 @@ std::optional<std::variant<Junction, LinkProblem>> junctionAfter(const AffineLay
   junction.kind = fanOut ? "fan-out" : "flatten";
   junction.producers.push_back({first, carried.activation});
   junction.channels = static_cast<std::size_t>(first.outputChannels);
+  const auto rank = static_cast<int64_t>(first.weight->dims().size());  // a spatial layer's output rank
   for (const Use& use : value.uses()) {
     const Node* reader = use.node;
     JunctionReaderLayer read;
     int slot = use.slot;
+    bool features = false;
+    std::optional<std::vector<int64_t>> pooledShape;  // what a Flatten after a spatial mean reads
+    bool keepsDims = true;
+    if (slot == 0 && first.isSpatial() && isSpatialMean(*reader, rank, context, &keepsDims)) {
+      read.pool = reader;
+      features = !keepsDims;
+      const auto shape = context.knownShape(*first.node->output(0));
+      pooledShape = std::vector<int64_t>{shape && !shape->empty() ? shape->front() : analysis::kUnknownDim,
+                                         first.outputChannels};
+      if (keepsDims) pooledShape->resize(static_cast<std::size_t>(rank), 1);
+      const Value* pooled = reader->output(0);
+      reader = pooled ? soleConsumer(*pooled, &slot) : nullptr;
+      if (!reader) {
+        if (!fanOut) return std::nullopt;
+        return std::variant<Junction, LinkProblem>{LinkProblem{
+            pooled ? readersProblem(*pooled, read.pool->name())
+                   : failure(reason::kMissingOutput, "'" + read.pool->name() + "' has no output")}};
+      }
+    }
     if (slot == 0 && (reader->isOnnxOp("Flatten") || reader->isOnnxOp("Reshape")) && first.isSpatial()) {
       const Value* flat = reader->output(0);
-      const Node* after = flat ? soleConsumer(*flat, &slot) : nullptr;
-      if (after && slot == 0 && (after->isOnnxOp("Gemm") || after->isOnnxOp("MatMul"))) {
+      int afterSlot = 0;
+      const Node* after = flat ? soleConsumer(*flat, &afterSlot) : nullptr;
+      if (after && afterSlot == 0 && (after->isOnnxOp("Gemm") || after->isOnnxOp("MatMul"))) {
         MatchFailure why;
-        auto block = featuresPerChannel(*first.node, {first.node->output(0), &value}, *reader, context, &why);
+        auto block = read.pool
+                         ? featuresPerChannel(*first.node, pooledShape, *reader, context, &why)
+                         : featuresPerChannel(*first.node, {first.node->output(0), &value}, *reader, context, &why);
         if (!block) return std::variant<Junction, LinkProblem>{LinkProblem{why}};
         read.flatten = reader;
         read.block = *block;
+        features = true;
         reader = after;
       }
     }
@@ -297,12 +354,14 @@ std::optional<std::variant<Junction, LinkProblem>> junctionAfter(const AffineLay
       if (!fanOut) return std::nullopt;
       return std::variant<Junction, LinkProblem>{LinkProblem{readersProblem(value, via)}};
     }
-    auto layer = readerLayer(*reader, first, read.block, context);
+    auto layer = readerLayer(*reader, first, read.block, features, context);
     if (auto* problem = std::get_if<LinkProblem>(&layer)) return std::variant<Junction, LinkProblem>{*problem};
     read.layer = std::move(std::get<AffineLayer>(layer));
     junction.readers.push_back(std::move(read));
   }
-  if (!fanOut && !junction.readers.front().flatten) return std::nullopt;  // a plain link
+  const JunctionReaderLayer& sole = junction.readers.front();
+  if (!fanOut && !sole.flatten && !sole.pool) return std::nullopt;  // a plain link
+  if (!fanOut && sole.pool) junction.kind = "pool";
   if (auto problem = junctionWeightsProblem(junction, context)) return std::variant<Junction, LinkProblem>{*problem};
   return std::variant<Junction, LinkProblem>{std::move(junction)};
 }
@@ -322,9 +381,12 @@ std::variant<Junction, LinkProblem> concatJunction(const Node& concat, const Rul
   const std::string& name = concat.name();
   const Value* output = concat.output(0);
   if (!output) return LinkProblem{failure(reason::kMissingOutput, "'" + name + "' has no output")};
-  if (output->isGraphOutput() || output->uses().size() != 1 || !isAffineLayerOp(*output->uses().front().node) ||
-      output->uses().front().slot != 0)
-    return LinkProblem{readersProblem(*output, name)};
+  // One reader or several (a Concat that fans out), each a layer reading it as its data input.
+  const bool readByLayers = !output->uses().empty() && std::all_of(output->uses().begin(), output->uses().end(),
+                                                                   [](const Use& use) {
+                                                                     return isAffineLayerOp(*use.node) && use.slot == 0;
+                                                                   });
+  if (output->isGraphOutput() || !readByLayers) return LinkProblem{readersProblem(*output, name)};
   for (std::size_t i = 0; i < concat.inputs().size(); ++i) {
     const Value* input = concat.input(i);
     const std::string which = "input " + std::to_string(i) + " of '" + name + "'";
@@ -386,9 +448,11 @@ std::variant<Junction, LinkProblem> concatJunction(const Node& concat, const Rul
   // The reader sees the Concat as one layer with all the producers' channels.
   AffineLayer joined = junction.producers.front().layer;
   joined.outputChannels = static_cast<int64_t>(junction.channels);
-  auto reader = readerLayer(*output->uses().front().node, joined, 1, context);
-  if (auto* problem = std::get_if<LinkProblem>(&reader)) return *problem;
-  junction.readers.push_back({std::move(std::get<AffineLayer>(reader)), nullptr, 1});
+  for (const Use& use : output->uses()) {
+    auto reader = readerLayer(*use.node, joined, 1, false, context);
+    if (auto* problem = std::get_if<LinkProblem>(&reader)) return *problem;
+    junction.readers.push_back({std::move(std::get<AffineLayer>(reader)), nullptr, nullptr, 1});
+  }
   if (auto problem = junctionWeightsProblem(junction, context)) return *problem;
   return junction;
 }
@@ -455,6 +519,7 @@ void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& re
                               scaledWeightNameHint(layer, "_equalized"));
     rewriter.setInput(layer.node, 1, weight);
     rewriter.statistics().outputUnchanged(*layer.node);
+    if (junction.readers[r].pool) rewriter.includeUnchanged(junction.readers[r].pool);
     if (junction.readers[r].flatten) rewriter.includeUnchanged(junction.readers[r].flatten);
   }
   for (const auto& producer : junction.producers)
@@ -467,10 +532,15 @@ void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& re
                          {"activation", producer.activation ? nlohmann::json(producer.activation->opType())
                                                             : nlohmann::json(nullptr)},
                          {"channels", producer.layer.outputChannels}});
-  for (const auto& reader : junction.readers)
+  for (const auto& reader : junction.readers) {
+    nlohmann::json throughOps = nlohmann::json::array();
+    for (const Node* node : {reader.pool, reader.flatten})
+      if (node) throughOps.push_back({{"node", node->name()}, {"op", node->opType()}});
     readers.push_back({{"layer", reader.layer.node->name()},
                        {"through", reader.flatten ? nlohmann::json(reader.flatten->name()) : nlohmann::json(nullptr)},
+                       {"through_ops", throughOps},
                        {"features_per_channel", reader.block}});
+  }
   const auto& numbers = junction.scales;
   const double before = numbers.producerErrorBefore + numbers.readerErrorBefore;
   const AffineLayer& first = junction.producers.front().layer;
@@ -555,12 +625,12 @@ class EqualizeLayers final : public Rule {
   const char* name() const override { return "equalize"; }
   const char* summary() const override {
     return "Cross-layer equalization: rescale the channels between two layers joined by Relu/LeakyRelu/PRelu "
-           "(or nothing), a layer and the layers it fans out to, layers a channel-axis Concat joins, or Conv -> "
-           "Flatten -> Gemm, so their per-tensor int8 weights lose less (off by default; fold --equalize)";
+           "(or nothing), a layer and the layers it fans out to, layers a channel-axis Concat joins, Conv -> "
+           "Flatten -> Gemm, or Conv -> GlobalAveragePool/ReduceMean -> Gemm, so their per-tensor int8 weights lose less (off by default; fold --equalize)";
   }
   std::vector<std::string> rootOps() const override { return {"Conv", "ConvTranspose", "Gemm", "MatMul", "Concat"}; }
   std::vector<OpVersions> opVersions() const override {
-    return joinOps(layerOps(), {kRelu, kLeakyRelu, kPRelu, kConcat, kFlatten, kReshape});
+    return joinOps(layerOps(), {kRelu, kLeakyRelu, kPRelu, kConcat, kFlatten, kReshape, kGlobalAveragePool, kReduceMean});
   }
   bool enabledByDefault() const override { return false; }
   bool runsAfterFixedPoint() const override { return true; }

@@ -235,6 +235,11 @@ std::optional<int64_t> featuresPerChannel(const Node& source, std::initializer_l
   std::optional<Dims> shape;
   for (const Value* value : sameShape)
     if (value && !shape) shape = context.knownShape(*value);
+  return featuresPerChannel(source, shape, flatten, context, whyNot);
+}
+
+std::optional<int64_t> featuresPerChannel(const Node& source, const std::optional<Dims>& shape, const Node& flatten,
+                                          const RuleContext& context, MatchFailure* whyNot) {
   if (!shape || shape->size() < 2 || !known(*shape, 2)) {
     *whyNot = {reason::kRankUnknown, "the dims after the channel axis of the output of " + describe(source) +
                                          " are not known, so the features each channel becomes after " +

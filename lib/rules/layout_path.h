@@ -49,5 +49,9 @@ const Value* sharedValueOnPath(const LayoutPath& path, const Value& last);
 /// when `flatten` does not give that form.
 std::optional<int64_t> featuresPerChannel(const Node& source, std::initializer_list<const Value*> sameShape,
                                           const Node& flatten, const RuleContext& context, MatchFailure* whyNot);
+/// The same with the flatten's input shape given (unknown dims as analysis::kUnknownDim): for a value whose shape
+/// the rule derives itself, such as a spatial mean's [N, C, 1, 1].
+std::optional<int64_t> featuresPerChannel(const Node& source, const std::optional<std::vector<int64_t>>& shape,
+                                          const Node& flatten, const RuleContext& context, MatchFailure* whyNot);
 
 }  // namespace bnfold::rules

@@ -14,6 +14,7 @@ std::unique_ptr<Rule> makeFoldScaleIntoWeights();      // scale-fold
 std::unique_ptr<Rule> makeFoldBatchNormForward();      // bn-forward
 std::unique_ptr<Rule> makeFoldNormAffineForward();     // norm-affine-forward
 std::unique_ptr<Rule> makeEqualizeLayers();          // equalize (off by default; after the others' fixed point)
+std::unique_ptr<Rule> makeReplaceRelu6WithRelu();    // relu6-to-relu (off by default; changes the function)
 std::unique_ptr<Rule> makeAbsorbHighBias();          // absorb-high-bias (off by default; after equalize)
 std::unique_ptr<Rule> makeDecomposeBatchNorm();        // bn-decompose (off by default)
 std::unique_ptr<Rule> makeDecomposeNorm();             // norm-decompose (off by default)

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <unordered_map>
 
@@ -133,7 +134,7 @@ class Evaluator {
     for (std::size_t d = axis + 1; d < array.dims.size(); ++d) inner *= array.dims[d];
     const auto channels = static_cast<std::size_t>(array.dims[axis]);
     std::mt19937_64 generator(sampled.seed);
-    std::uniform_real_distribution<double> distribution(0.0, 2.0);
+    std::uniform_real_distribution<double> distribution(0.0, sampled.width);
     for (std::size_t e = 0; e < array.data.size(); ++e) {
       const std::size_t channel = (e / static_cast<std::size_t>(inner)) % channels;
       array.data[e] = static_cast<T>(sampled.lowerBound[channel] + distribution(generator));
@@ -399,6 +400,26 @@ class Evaluator {
     }
   }
 
+  // Clip: bounds as attributes before opset 11, optional scalar inputs from 11.
+  void evaluateClip(const RegionNode& node) {
+    const Operand<T>& x = input(node, 0);
+    double low = -std::numeric_limits<double>::infinity(), high = std::numeric_limits<double>::infinity();
+    if (region_.opset < 11) {
+      low = floatAttribute(node, "min", -std::numeric_limits<float>::max());
+      high = floatAttribute(node, "max", std::numeric_limits<float>::max());
+    } else {
+      for (std::size_t slot : {std::size_t{1}, std::size_t{2}})
+        if (const Operand<T>* bound = optionalInput(node, slot)) {
+          if (bound->isInteger() || bound->real.data.size() != 1)
+            throw EvaluationError(describe(node) + ": a bound is not one floating value");
+          (slot == 1 ? low : high) = static_cast<double>(bound->real.data[0]);
+        }
+    }
+    Array<T> y = x.real;
+    for (T& v : y.data) v = static_cast<T>(std::min(std::max(static_cast<double>(v), low), high));
+    setReal(node, 0, x.type, std::move(y));
+  }
+
   void evaluateNormalization(const RegionNode& node) {
     const Operand<T>& x = input(node, 0);
     const double epsilon = floatAttribute(node, "epsilon", 1e-5);
@@ -462,6 +483,7 @@ class Evaluator {
     if (op == "LayerNormalization" || op == "RMSNormalization" || op == "GroupNormalization" ||
         op == "InstanceNormalization")
       return evaluateNormalization(node);
+    if (op == "Clip") return evaluateClip(node);
     if (op == "LeakyRelu") {
       setReal(node, 0, input(node, 0).type, leakyRelu(real(node, 0), floatAttribute(node, "alpha", 0.01)));
       return;
@@ -567,7 +589,7 @@ double roundedTo(DataType type, double v) {
 bool isEvaluableOp(const std::string& op) {
   static const char* const ops[] = {"Add",        "Sub",       "Mul",     "Div",     "Pow",       "Max",
                                     "Min",        "Identity",  "Sqrt",    "Reciprocal", "Neg",    "Relu",
-                                    "LeakyRelu",  "PRelu",
+                                    "LeakyRelu",  "PRelu",     "Clip",
                                     "Conv",       "ConvTranspose", "Gemm", "MatMul", "BatchNormalization",
                                     "LayerNormalization", "RMSNormalization", "GroupNormalization",
                                     "InstanceNormalization",

@@ -44,13 +44,14 @@ class BufferPool {
 };
 
 /// A value drawn rather than computed: once its producer has run, element e of channel ch (on `channelAxis`) becomes
-/// lowerBound[ch] + u_e with u_e uniform in [0, 2) from `seed`, so two regions drawing a value of the same shape draw
+/// lowerBound[ch] + u_e with u_e uniform in [0, width) from `seed`, so two regions drawing a value of the same shape draw
 /// the same u (a rewrite exact only where the value stays above a bound is compared there).
 struct SampledValue {
   std::string name;
   int64_t channelAxis = 1;
   std::vector<double> lowerBound;
   uint64_t seed = 0;
+  double width = 2.0;
 };
 
 struct InterpreterOptions {

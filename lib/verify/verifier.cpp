@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <sstream>
 
 #include "interpreter.h"
 
@@ -261,10 +262,13 @@ nlohmann::json Verifier::verifyAs(const RegionPair& regions, const VerifySetting
   nlohmann::json assumptions = nlohmann::json::array();
   for (const LowerBoundAssumption& assumption : regions.assumptions) {
     const uint64_t seed = settings.seed ^ nameHash(assumption.value);
-    beforeOptions.sampled.push_back({assumption.value, assumption.channelAxis, assumption.before, seed});
-    afterOptions.sampled.push_back({assumption.value, assumption.channelAxis, assumption.after, seed});
+    beforeOptions.sampled.push_back(
+        {assumption.value, assumption.channelAxis, assumption.before, seed, assumption.width});
+    afterOptions.sampled.push_back({assumption.value, assumption.channelAxis, assumption.after, seed, assumption.width});
+    std::ostringstream width;
+    width << assumption.width;
     assumptions.push_back({{"value", assumption.value}, {"statement", assumption.statement},
-                           {"sampled", "at least the bound plus a uniform draw in [0, 2)"}});
+                           {"sampled", "at least the bound plus a uniform draw in [0, " + width.str() + ")"}});
   }
   if (!assumptions.empty()) result["assumptions"] = assumptions;
   for (std::size_t attempt = 0; attempt < attempts; ++attempt) {

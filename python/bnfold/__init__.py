@@ -112,7 +112,7 @@ def _names(value, name):
 
 
 def _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize, max_constant_size,
-                    verify, absorb_high_bias):
+                    verify, absorb_high_bias, relu6_to_relu=False):
     if not isinstance(rules, str):
         rules = ",".join(_names(rules, "rules"))
     return _native.driver_options(
@@ -123,6 +123,7 @@ def _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_tr
         freeze_train_bn=bool(freeze_train_bn),
         equalize=bool(equalize),
         absorb_high_bias=bool(absorb_high_bias),
+        relu6_to_relu=bool(relu6_to_relu),
         max_constant_size=float(max_constant_size),
         verify=bool(verify),
     )
@@ -166,7 +167,7 @@ def _target_opset(target_opset):
 
 def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(),
          input_defaults_are_constant=False, freeze_train_bn=False, equalize=False, max_constant_size=64.0,
-         verify=False, absorb_high_bias=False, dry_run=False, in_place=False, backup_suffix=None, timings=False, base_dir=None,
+         verify=False, absorb_high_bias=False, relu6_to_relu=False, dry_run=False, in_place=False, backup_suffix=None, timings=False, base_dir=None,
          target_opset=None):
     """Rewrite a model as ``bnfold fold`` does; returns ``(model, report)``.
 
@@ -189,6 +190,9 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
     absorb_high_bias: high-bias absorption after equalize (``--absorb-high-bias``; needs ``equalize``): moves
         max(0, beta - 3|gamma|) of a folded BN's channels through a Relu into the next layer's bias, for activation
         quantization; exact only where the pre-activation stays above it (the report says so).
+    relu6_to_relu: replace Clip(0, 6) between two layers with Relu so equalize reaches the link
+        (``--relu6-to-relu``; needs ``equalize``). CHANGES THE FUNCTION where the first layer's output exceeds 6;
+        the report lists each replacement with that warning (``relu6_replaced``).
     max_constant_size: largest result in MiB of an op evaluated while computing a weight (``--max-constant-size``).
     verify: check every rewrite numerically; a failure raises ``VerificationError`` and nothing is written.
     dry_run: run the rules and write nothing; the returned model is None.
@@ -206,7 +210,7 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
     """
     kind, source = _classify(model)
     options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize,
-                              max_constant_size, verify, absorb_high_bias)
+                              max_constant_size, verify, absorb_high_bias, relu6_to_relu)
     output_path = _optional_path(output, "output")
     report_path = _optional_path(report, "report")
     if backup_suffix is not None and not in_place:
@@ -320,7 +324,7 @@ def _fold_planned(input_path, output, report_path, options, dry_run, in_place, b
 
 def fold_many(models, *, out_dir=None, report_dir=None, in_place=False, backup_suffix=None, dry_run=False, jobs=0,
               rules="default", keep=(), keep_op=(), input_defaults_are_constant=False, freeze_train_bn=False,
-              equalize=False, max_constant_size=64.0, verify=False, absorb_high_bias=False, timings=False,
+              equalize=False, max_constant_size=64.0, verify=False, absorb_high_bias=False, relu6_to_relu=False, timings=False,
               target_opset=None):
     """Fold many model files as ``bnfold fold IN... --out-dir DIR`` (or ``--in-place``) does; returns a list of
     ``FoldResult``, one per model in the order the CLI lists them.
@@ -342,7 +346,7 @@ def fold_many(models, *, out_dir=None, report_dir=None, in_place=False, backup_s
     """
     inputs = _paths(models, "models")
     options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize,
-                              max_constant_size, verify, absorb_high_bias)
+                              max_constant_size, verify, absorb_high_bias, relu6_to_relu)
     out_dir = _optional_path(out_dir, "out_dir")
     report_dir = _optional_path(report_dir, "report_dir")
     if out_dir and in_place:
@@ -378,7 +382,7 @@ def fold_many(models, *, out_dir=None, report_dir=None, in_place=False, backup_s
 
 def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(),
           input_defaults_are_constant=False, freeze_train_bn=False, equalize=False, max_constant_size=64.0,
-          verify=False, absorb_high_bias=False, base_dir=None, target_opset=None):
+          verify=False, absorb_high_bias=False, relu6_to_relu=False, base_dir=None, target_opset=None):
     """List what ``fold`` would change and what stops it, as ``bnfold check`` does; never writes anything.
 
     Returns a list of dicts, one per finding: ``category`` (see ``bnfold.finding_categories()``), ``severity``
@@ -389,7 +393,7 @@ def check(model, *, fail_on=DEFAULT_FAIL_ON, rules="default", keep=(), keep_op=(
     """
     kind, source = _classify(model)
     options = _driver_options(rules, keep, keep_op, input_defaults_are_constant, freeze_train_bn, equalize,
-                              max_constant_size, verify, absorb_high_bias)
+                              max_constant_size, verify, absorb_high_bias, relu6_to_relu)
     if not isinstance(fail_on, str):
         fail_on = ",".join(_names(fail_on, "fail_on"))
     name = source if kind == "path" else _source_name(kind)

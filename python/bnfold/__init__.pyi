@@ -27,21 +27,21 @@ _InMemory = TypeVar("_InMemory", bytes, ModelProto)
 def fold(model: _InMemory, *, output: Optional[PathLike] = ..., report: Optional[PathLike] = ...,
          rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
          freeze_train_bn: bool = ..., equalize: bool = ..., max_constant_size: float = ..., verify: bool = ...,
-         absorb_high_bias: bool = ..., dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
+         absorb_high_bias: bool = ..., relu6_to_relu: bool = ..., dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
          timings: bool = ..., base_dir: Optional[PathLike] = ...,
          target_opset: Optional[int] = ...) -> Tuple[Optional[_InMemory], Report]: ...
 @overload
 def fold(model: Union[bytearray, memoryview], *, output: Optional[PathLike] = ..., report: Optional[PathLike] = ...,
          rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
          freeze_train_bn: bool = ..., equalize: bool = ..., max_constant_size: float = ..., verify: bool = ...,
-         absorb_high_bias: bool = ..., dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
+         absorb_high_bias: bool = ..., relu6_to_relu: bool = ..., dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
          timings: bool = ..., base_dir: Optional[PathLike] = ...,
          target_opset: Optional[int] = ...) -> Tuple[Optional[bytes], Report]: ...
 @overload
 def fold(model: PathLike, *, output: Optional[PathLike] = ..., report: Optional[PathLike] = ...,
          rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
          freeze_train_bn: bool = ..., equalize: bool = ..., max_constant_size: float = ..., verify: bool = ...,
-         absorb_high_bias: bool = ..., dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
+         absorb_high_bias: bool = ..., relu6_to_relu: bool = ..., dry_run: bool = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
          timings: bool = ..., base_dir: None = ...,
          target_opset: Optional[int] = ...) -> Tuple[Optional[str], Report]: ...
 
@@ -61,13 +61,13 @@ def fold_many(models: Union[PathLike, Iterable[PathLike]], *, out_dir: Optional[
               report_dir: Optional[PathLike] = ..., in_place: bool = ..., backup_suffix: Optional[str] = ...,
               dry_run: bool = ..., jobs: int = ..., rules: Names = ..., keep: Names = ..., keep_op: Names = ...,
               input_defaults_are_constant: bool = ..., freeze_train_bn: bool = ..., equalize: bool = ...,
-              max_constant_size: float = ..., verify: bool = ..., absorb_high_bias: bool = ...,
+              max_constant_size: float = ..., verify: bool = ..., absorb_high_bias: bool = ..., relu6_to_relu: bool = ...,
               timings: bool = ..., target_opset: Optional[int] = ...) -> List[FoldResult]: ...
 
 def check(model: Union[ModelProto, bytes, bytearray, memoryview, PathLike], *, fail_on: Names = ...,
           rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,
           freeze_train_bn: bool = ..., equalize: bool = ..., max_constant_size: float = ..., verify: bool = ...,
-          absorb_high_bias: bool = ..., base_dir: Optional[PathLike] = ...,
+          absorb_high_bias: bool = ..., relu6_to_relu: bool = ..., base_dir: Optional[PathLike] = ...,
           target_opset: Optional[int] = ...) -> List[Finding]: ...
 def info(model: Union[ModelProto, bytes, bytearray, memoryview, PathLike], *, weights: bool = ...,
          rules: Names = ..., keep: Names = ..., keep_op: Names = ..., input_defaults_are_constant: bool = ...,

@@ -58,7 +58,7 @@ auto withoutGil(Work&& work) -> decltype(work()) {
 bnfold::DriverOptions driverOptions(const std::string& rules, const std::vector<std::string>& keep,
                                     const std::vector<std::string>& keepOp, bool inputDefaultsAreConstant,
                                     bool freezeTrainBn, bool equalize, double maxConstantMiB, bool verify,
-                                    bool absorbHighBias) {
+                                    bool absorbHighBias, bool relu6ToRelu) {
   bnfold::RuleSettings settings;
   settings.rules = rules;
   settings.keepNodes = keep;
@@ -67,6 +67,7 @@ bnfold::DriverOptions driverOptions(const std::string& rules, const std::vector<
   settings.freezeTrainingBatchNorm = freezeTrainBn;
   settings.equalize = equalize;
   settings.absorbHighBias = absorbHighBias;
+  settings.relu6ToRelu = relu6ToRelu;
   settings.maxConstantMiB = maxConstantMiB;
   settings.verify = verify;
   try {
@@ -315,7 +316,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("driver_options", &driverOptions, py::arg("rules"), py::arg("keep"), py::arg("keep_op"),
         py::arg("input_defaults_are_constant"), py::arg("freeze_train_bn"), py::arg("equalize"),
         py::arg("max_constant_size"),
-        py::arg("verify"), py::arg("absorb_high_bias"));
+        py::arg("verify"), py::arg("absorb_high_bias"), py::arg("relu6_to_relu"));
   py::class_<bnfold::DriverOptions>(m, "DriverOptions", "Validated rule settings (from driver_options).");
   m.def("fold_bytes", &foldBytes, py::arg("data"), py::arg("source_name"), py::arg("base_dir"), py::arg("output"),
         py::arg("report"), py::arg("options"), py::arg("dry_run"), py::arg("target_opset") = 0);

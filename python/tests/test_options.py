@@ -47,6 +47,7 @@ PARITY_CASES = [
     ({"equalize": True}, ["--equalize"]),
     ({"equalize": True, "verify": True}, ["--equalize", "--verify"]),
     ({"equalize": True, "absorb_high_bias": True}, ["--equalize", "--absorb-high-bias"]),
+    ({"equalize": True, "relu6_to_relu": True}, ["--equalize", "--relu6-to-relu"]),
     ({"max_constant_size": 0}, ["--max-constant-size", "0"]),
 ]
 
@@ -218,7 +219,7 @@ def test_every_cli_fold_option_is_a_keyword_of_fold_or_fold_many_and_of_their_st
 
     code, out, _ = run_cli("fold", "--help")
     assert code == 0
-    flags = set(re.findall(r"^  (?:-\w,)?(--[a-z-]+)", out, re.MULTILINE)) - {"--help", "--help-all"}
+    flags = set(re.findall(r"^  (?:-\w,)?(--[a-z0-9-]+)", out, re.MULTILINE)) - {"--help", "--help-all"}
     assert {"--rules", "--verify", "--output", "--out-dir", "--jobs"} <= flags
     as_keywords = lambda chosen: {flag[2:].replace("-", "_") for flag in chosen}
     assert as_keywords(flags - BATCH_ONLY_FLAGS) <= keyword_only(bnfold.fold)

@@ -928,3 +928,176 @@ TEST_CASE("equalize blocker: a fan-out whose scales would not lower the int8 err
   const auto entry = leftAlone(text, "Conv_0");
   CHECK(entry["reason"] == "not-improving");
 }
+
+TEST_CASE("equalize: a Concat read by two layers scales each input's channels against both readers",
+          "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[1,3,6,6] x) => (float[1,5,6,6] ya, float[1,2,6,6] yb)
+<)" + rowSpread("w1", {4, 3, 3, 3}, 260.0) +
+                          ", " + floats("b1", {4}, 261.0) + ", " + rowSpread("w2", {6, 3, 1, 1}, 262.0) + ", " +
+                          floats("wa", {5, 10, 3, 3}, 263.0) + ", " + floats("wb", {2, 10, 1, 1}, 264.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  r1 = Relu (c1)
+  c2 = Conv (x, w2)
+  r2 = LeakyRelu <alpha = 0.1> (c2)
+  cat = Concat <axis = 1> (r1, r2)
+  ya = Conv <pads = [1,1,1,1]> (cat, wa)
+  yb = Conv (cat, wb)
+}
+)");
+  auto r1 = channelMax(initializerValues(*model, "w1"), 4, convChannel({4, 3, 3, 3}));
+  const auto r2 = channelMax(initializerValues(*model, "w2"), 6, convChannel({6, 3, 1, 1}));
+  r1.insert(r1.end(), r2.begin(), r2.end());
+  const auto ra = channelMax(initializerValues(*model, "wa"), 10, convInputChannel({5, 10, 3, 3}));
+  const auto rb = channelMax(initializerValues(*model, "wb"), 10, convInputChannel({2, 10, 1, 1}));
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == "Conv,Relu,Conv,LeakyRelu,Concat,Conv,Conv");
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "concat");
+  REQUIRE(entry["producers"].size() == 2);
+  REQUIRE(entry["readers"].size() == 2);
+  CHECK(entry["readers"][0]["layer"] == "Conv_2");
+  CHECK(entry["readers"][1]["layer"] == "Conv_3");
+  for (std::size_t i = 0; i < 10; ++i)
+    CHECK(entry["scales"][i].get<double>() == Approx(std::sqrt(r1[i] / std::max(ra[i], rb[i]))).epsilon(1e-6));
+  for (const char* name : {"Conv_0", "Conv_1", "Conv_2", "Conv_3"})
+    CHECK(findNodeByName(*model, name)->input(1)->name().find("_equalized") != std::string::npos);
+  CHECK(section(outcome.report, "not_equalized").empty());
+}
+
+TEST_CASE("equalize blocker: a Concat read by a layer and something else", "[equalize]") {
+  auto concatThen = [](const std::string& readers, const std::string& outputs) {
+    return header() + "g (float[1,3,6,6] x) => (" + outputs + ")\n<" + rowSpread("w1", {4, 3, 3, 3}, 270.0) + ", " +
+           rowSpread("w2", {4, 3, 1, 1}, 271.0) + ", " + floats("wa", {8, 8, 1, 1}, 272.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  c2 = Conv (x, w2)
+  cat = Concat <axis = 1> (r1, c2)
+)" + readers + "\n}\n";
+  };
+  // A Concat read by a layer and a pool.
+  CHECK(leftAlone(concatThen("  ya = Conv (cat, wa)\n  yb = MaxPool <kernel_shape = [1,1]> (cat)",
+                             "float[1,8,6,6] ya, float[1,8,6,6] yb"),
+                  "Concat_0")["reason"] == "layer-has-other-consumers");
+  // A Concat read by a layer and a residual Add.
+  CHECK(leftAlone(concatThen("  ya = Conv (cat, wa)\n  y = Add (ya, cat)", "float[1,8,6,6] y"), "Concat_0")["reason"] ==
+        "residual-add");
+  // A Concat that is also a graph output.
+  CHECK(leftAlone(concatThen("  ya = Conv (cat, wa)", "float[1,8,6,6] ya, float[1,8,6,6] cat"),
+                  "Concat_0")["reason"] == "layer-has-other-consumers");
+  // Two readers, one reading the channels on another axis (MatMul reads the last).
+  CHECK(leftAlone(header() + R"(g (float[1,3,6,6] x) => (float[1,8,6,6] ya, float[1,8,6,4] yb)
+<)" + rowSpread("w1", {4, 3, 3, 3}, 273.0) + ", " + rowSpread("w2", {4, 3, 1, 1}, 274.0) + ", " +
+                      floats("wa", {8, 8, 1, 1}, 275.0) + ", " + floats("wb", {6, 4}, 276.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  c2 = Conv (x, w2)
+  cat = Concat <axis = 1> (c1, c2)
+  ya = Conv (cat, wa)
+  yb = MatMul (cat, wb)
+}
+)",
+                  "Concat_0")["reason"] == "channel-axis-mismatch");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Through a spatial mean: GlobalAveragePool or ReduceMean over the spatial axes, a CNN classifier head.
+
+namespace {
+
+/// Conv -> Relu -> `head` (reading r1) with a spread w1 [6, 3, 3, 3] and the head's weight `w2` of `w2Dims`.
+std::string poolHead(const std::string& head, const std::vector<int64_t>& w2Dims, const std::string& output,
+                     int opset = 13, const std::string& extraInits = "") {
+  return header(opset) + "g (float[2,3,4,4] x) => (" + output + ")\n<" + rowSpread("w1", {6, 3, 3, 3}, 280.0) +
+         ", " + floats("b1", {6}, 281.0) + ", " + floats("w2", w2Dims, 282.0) + extraInits + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  r1 = Relu (c1)
+)" + head + "\n}\n";
+}
+
+void checkPoolHead(const std::string& text, const std::vector<std::string>& throughOps,
+                   const std::function<std::size_t(std::size_t)>& readerChannel, std::size_t w2Size) {
+  auto model = parseModel(text);
+  const std::string before = opSequence(model->graph());
+  const auto r1 = channelMax(initializerValues(*model, "w1"), 6, convChannel({6, 3, 3, 3}));
+  const auto w2 = initializerValues(*model, "w2");
+  REQUIRE(w2.size() == w2Size);
+  const auto r2 = channelMax(w2, 6, readerChannel);
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == before);
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "pool");
+  REQUIRE(entry["readers"].size() == 1);
+  const auto& ops = entry["readers"][0]["through_ops"];
+  REQUIRE(ops.size() == throughOps.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) CHECK(ops[i]["op"] == throughOps[i]);
+  CHECK(entry["readers"][0]["features_per_channel"] == 1);
+  for (std::size_t i = 0; i < 6; ++i)
+    CHECK(entry["scales"][i].get<double>() == Approx(std::sqrt(r1[i] / r2[i])).epsilon(1e-6));
+  CHECK(section(outcome.report, "not_equalized").empty());
+}
+
+}  // namespace
+
+TEST_CASE("equalize: Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm passes the scales through the mean",
+          "[equalize]") {
+  // transB: w2 is [5, 6], input feature c = channel c.
+  checkPoolHead(poolHead("  p = GlobalAveragePool (r1)\n  f = Flatten (p)\n  y = Gemm <transB = 1> (f, w2)", {5, 6},
+                         "float[2,5] y"),
+                {"GlobalAveragePool", "Flatten"}, [](std::size_t i) { return i % 6; }, 30);
+}
+
+TEST_CASE("equalize: ReduceMean over the spatial axes (keepdims) -> Reshape -> MatMul, axes as attribute and input",
+          "[equalize]") {
+  // MatMul: w2 is [6, 4], input feature c = row c.
+  const std::string head = "  f = Reshape (p, shape)\n  y = MatMul (f, w2)";
+  checkPoolHead(poolHead("  p = ReduceMean <axes = [-2, -1]> (r1)\n" + head, {6, 4}, "float[2,4] y", 13,
+                         ", int64[2] shape = {0, -1}"),
+                {"ReduceMean", "Reshape"}, [](std::size_t i) { return i / 4; }, 24);
+  checkPoolHead(poolHead("  p = ReduceMean (r1, axes)\n" + head, {6, 4}, "float[2,4] y", 18,
+                         ", int64[2] shape = {0, -1}, int64[2] axes = {2, 3}"),
+                {"ReduceMean", "Reshape"}, [](std::size_t i) { return i / 4; }, 24);
+}
+
+TEST_CASE("equalize: a spatial mean without keepdims read by a Gemm, with keepdims by a 1x1 Conv", "[equalize]") {
+  checkPoolHead(poolHead("  p = ReduceMean <axes = [2, 3], keepdims = 0> (r1)\n  y = Gemm (p, w2)", {6, 3},
+                         "float[2,3] y"),
+                {"ReduceMean"}, [](std::size_t i) { return i / 3; }, 18);
+  checkPoolHead(poolHead("  p = GlobalAveragePool (r1)\n  y = Conv (p, w2)", {4, 6, 1, 1}, "float[2,4,1,1] y"),
+                {"GlobalAveragePool"}, convInputChannel({4, 6, 1, 1}), 24);
+}
+
+TEST_CASE("equalize: a fan-out to a Conv and a GlobalAveragePool head", "[equalize]") {
+  auto model = parseModel(poolHead("  ya = Conv (r1, wa)\n  p = GlobalAveragePool (r1)\n  f = Flatten (p)\n"
+                                   "  yb = Gemm <transB = 1> (f, w2)",
+                                   {5, 6}, "float[2,4,4,4] ya, float[2,5] yb", 13,
+                                   ", " + floats("wa", {4, 6, 1, 1}, 283.0)));
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "fan-out");
+  REQUIRE(entry["readers"].size() == 2);
+  CHECK(entry["readers"][0]["through_ops"].empty());
+  CHECK(entry["readers"][1]["through_ops"][0]["node"] == "GlobalAveragePool_0");
+  CHECK(entry["readers"][1]["through"] == "Flatten_0");
+}
+
+TEST_CASE("equalize blocker: a mean that is not over exactly the spatial axes", "[equalize]") {
+  const std::string head = "  f = Flatten (p)\n  y = Gemm <transB = 1> (f, w2)";
+  // Over the channels too: one feature for all channels.
+  CHECK(leftAlone(poolHead("  p = ReduceMean <axes = [1, 2, 3]> (r1)\n" + head, {5, 1}, "float[2,5] y"),
+                  "Conv_0")["reason"] == "reader-not-layer");
+  // Over one spatial axis: Flatten then mixes channels with the other.
+  CHECK(leftAlone(poolHead("  p = ReduceMean <axes = [3]> (r1)\n" + head, {5, 24}, "float[2,5] y"), "Conv_0")["reason"] ==
+        "reader-not-layer");
+  // A pooled value read by the head and by a graph output.
+  CHECK(leftAlone(poolHead("  p = GlobalAveragePool (r1)\n" + head, {5, 6}, "float[2,5] y, float[2,6,1,1] p"),
+                  "Conv_0")["reason"] == "reader-not-layer");
+  // GlobalMaxPool would pass the scales too (a max commutes with a positive scale), but is not looked through yet.
+  CHECK(leftAlone(poolHead("  p = GlobalMaxPool (r1)\n" + head, {5, 6}, "float[2,5] y"), "Conv_0")["reason"] ==
+        "reader-not-layer");
+}

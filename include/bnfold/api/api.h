@@ -31,6 +31,8 @@ struct RuleSettings {
   bool equalize = false;       ///< --equalize: adds the equalize rule (same as `+equalize` in rules)
   /// --absorb-high-bias: adds the absorb-high-bias rule (same as `+absorb-high-bias`); needs equalize
   bool absorbHighBias = false;
+  /// --relu6-to-relu: adds the relu6-to-relu rule (same as `+relu6-to-relu`); needs equalize; changes the function
+  bool relu6ToRelu = false;
   double maxConstantMiB = 64;  ///< --max-constant-size
   bool verify = false;
   int64_t targetOpset = 0;     ///< --target-opset: convert the model first (loadModelAtOpset); 0: keep its opset

@@ -20,14 +20,15 @@ class Rule;
 class MatchResult;
 class PreActivationStatistics;
 
-/// A rewrite that is exact only where one value stays at or above a bound in each channel (high-bias absorption):
-/// --verify samples that value within the bound instead of computing it.
+/// A rewrite that is exact only where one value stays at or above a bound in each channel (high-bias absorption), or
+/// within [bound, bound + width) (relu6-to-relu): --verify samples that value there instead of computing it.
 struct LowerBoundAssumption {
   std::string value;        ///< the value's name (the same before and after the rewrite)
   int64_t channelAxis = 1;  ///< the axis of its channels
   std::vector<double> before;  ///< the bound per channel, on the value as the original computes it
   std::vector<double> after;   ///< the same bound on the value as the rewrite computes it (moved by after - before)
   std::string statement;       ///< one sentence for the report
+  double width = 2.0;          ///< drawn uniform in [bound, bound + width)
 };
 
 /// Told about each change the rewriter makes (MLIR's RewriterBase::Listener). The driver is one listener (its
