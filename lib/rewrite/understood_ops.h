@@ -26,6 +26,7 @@ inline const OpVersions kSqueeze{"Squeeze", {1, 11, 13, 21, 23, 24, 25}};
 inline const OpVersions kUnsqueeze{"Unsqueeze", {1, 11, 13, 21, 23, 24, 25}};
 inline const OpVersions kReduceMean{"ReduceMean", {1, 11, 13, 18}};
 inline const OpVersions kReduceSum{"ReduceSum", {1, 11, 13}};
+// A spatial mean: norm-fuse reads means from it; it passes a channel scale through (equalize's pool junction).
 inline const OpVersions kGlobalAveragePool{"GlobalAveragePool", {1, 22}};
 inline const OpVersions kCast{"Cast", {1, 6, 9, 13, 19, 21, 23, 24, 25}};
 inline const OpVersions kSqrt{"Sqrt", {1, 6, 13}};
@@ -38,8 +39,6 @@ inline const OpVersions kSlice{"Slice", {1, 10, 11, 13}};
 inline const OpVersions kGather{"Gather", {1, 11, 13}};
 inline const OpVersions kExpand{"Expand", {8, 13}};
 inline const OpVersions kConstantOfShape{"ConstantOfShape", {9, 20, 21, 23, 24, 25}};
-// A spatial mean passes a channel scale through (equalize's pool junction).
-inline const OpVersions kGlobalAveragePool{"GlobalAveragePool", {1, 22}};
 // Positively homogeneous activations (equalize looks through them).
 inline const OpVersions kRelu{"Relu", {1, 6, 13, 14}};
 inline const OpVersions kLeakyRelu{"LeakyRelu", {1, 6, 16}};
