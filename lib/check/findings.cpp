@@ -254,8 +254,8 @@ std::vector<Finding> findingsOf(Model& model, const Report& report, const std::s
   }
   // Sections a newer rule may add are findings too.
   for (const auto& [key, value] : report.json().items()) {
-    // Links equalize or absorb-high-bias left alone change nothing.
-    if (!value.is_array() || key == "rules" || Report::isLeftAloneSection(key) || key == kReorderedSection) continue;
+    // Nodes and links a rule left alone change nothing.
+    if (!value.is_array() || Report::sectionKind(key) != SectionKind::Rewrites) continue;
     if (std::find(std::begin(kReportSections), std::end(kReportSections), key) != std::end(kReportSections)) continue;
     for (const auto& entry : value) findings.push_back(rewriteFinding(key, entry));
   }

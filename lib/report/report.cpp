@@ -1,5 +1,7 @@
 #include "bnfold/report/report.h"
 
+#include <string_view>
+
 #include "bnfold/io/atomic_file.h"
 #include "bnfold/ir/model.h"
 #include "bnfold/version.h"
@@ -73,15 +75,51 @@ const nlohmann::json& Report::json() const {
   return doc_;
 }
 
-bool Report::isLeftAloneSection(const std::string& key) {
-  return key == "skipped" || key == "not_equalized" || key == "high_bias_not_absorbed" ||
-         key == "norm_affine_not_forwarded";
+namespace {
+
+struct SectionEntry {
+  std::string_view name;
+  SectionKind kind;
+};
+
+// Every array section bnfold writes. A rule's failureSection belongs here as LeftAlone, or its failures would count
+// as rewrites (an unchanged model rewritten by --in-place, findings in `check`).
+constexpr SectionEntry kSections[] = {
+    {"rules", SectionKind::Other},
+    {kReorderedSection, SectionKind::Other},
+    {"folds", SectionKind::Rewrites},
+    {"bias_absorbed", SectionKind::Rewrites},
+    {"scale_folded", SectionKind::Rewrites},
+    {"decomposed", SectionKind::Rewrites},
+    {"expanded", SectionKind::Rewrites},
+    {"frozen", SectionKind::Rewrites},
+    {"evaluated", SectionKind::Rewrites},
+    {"skipped", SectionKind::LeftAlone},
+    {"equalized", SectionKind::Rewrites},
+    {"not_equalized", SectionKind::LeftAlone},
+    {"high_bias_absorbed", SectionKind::Rewrites},
+    {"high_bias_not_absorbed", SectionKind::LeftAlone},
+    {"norms_fused", SectionKind::Rewrites},
+    {"norms_not_fused", SectionKind::LeftAlone},
+    {"norms_decomposed", SectionKind::Rewrites},
+    {"norms_not_decomposed", SectionKind::LeftAlone},
+    {"norm_affine_forwarded", SectionKind::Rewrites},
+    {"norm_affine_not_forwarded", SectionKind::LeftAlone},
+    {"relu6_replaced", SectionKind::Rewrites},
+};
+
+}  // namespace
+
+SectionKind Report::sectionKind(const std::string& key) {
+  for (const SectionEntry& section : kSections)
+    if (section.name == key) return section.kind;
+  return SectionKind::Rewrites;
 }
 
 std::size_t Report::rewriteCount() const {
   std::size_t count = 0;
   for (const auto& [key, value] : doc_.items())
-    if (value.is_array() && !isLeftAloneSection(key) && key != "rules" && key != kReorderedSection) count += value.size();
+    if (value.is_array() && sectionKind(key) == SectionKind::Rewrites) count += value.size();
   return count;
 }
 

@@ -52,11 +52,7 @@ struct NormDecomposition : Match {
   bool perGroupAffine = false;
 };
 
-int64_t intAttributeOf(const Node& node, const std::string& name, int64_t fallback) {
-  const onnx::AttributeProto* attribute = node.attribute(name);
-  return attribute && attribute->type() == onnx::AttributeProto::INT ? attribute->i() : fallback;
-}
-
+// Not Node::attributeFloat: the fallback stays a double (1e-5, not the float nearest it).
 double floatAttributeOf(const Node& node, const std::string& name, double fallback) {
   const onnx::AttributeProto* attribute = node.attribute(name);
   return attribute && attribute->type() == onnx::AttributeProto::FLOAT ? static_cast<double>(attribute->f())
@@ -179,7 +175,7 @@ class DecomposeNorm final : public Rule {
     match->type = *type;
     const bool hasStashType = match->kind == NormKind::Layer || match->kind == NormKind::Rms ||
                               (match->kind == NormKind::Group && context.opset() >= kGroupNormPerChannelOpset);
-    match->stash = hasStashType ? static_cast<DataType>(intAttributeOf(norm, "stash_type", 1)) : *type;
+    match->stash = hasStashType ? static_cast<DataType>(norm.attributeInt("stash_type", 1)) : *type;
     if (!isFloatingPoint(match->stash))
       return MatchResult::failure(reason::kUnsupportedType, describe(norm) + " has stash_type " +
                                                               dataTypeName(match->stash) + ", not a floating type");
@@ -191,7 +187,7 @@ class DecomposeNorm final : public Rule {
     switch (match->kind) {
       case NormKind::Layer:
       case NormKind::Rms: {
-        const int64_t axis = intAttributeOf(norm, "axis", -1);
+        const int64_t axis = norm.attributeInt("axis", -1);
         if (axis < 0) {
           match->axes = range(axis, 0);  // ReduceMean takes negative axes from opset 11; these ops are newer
         } else if (rank < 0) {
@@ -231,7 +227,7 @@ class DecomposeNorm final : public Rule {
                                           (shape ? " are " + formatDims(*shape) : std::string(" are not known")) +
                                           ": reshaping the groups back needs the channel count and all but one "
                                           "spatial dim");
-        match->groups = intAttributeOf(norm, "num_groups", 0);
+        match->groups = norm.attributeInt("num_groups", 0);
         if (match->groups <= 0 || channels % match->groups != 0)
           return MatchResult::failure(reason::kParamShapeMismatch,
                                       describe(norm) + ": " + std::to_string(channels) + " channels do not split into " +

@@ -371,6 +371,41 @@ g (float[2,3,8] x) => (float[2,3,8] y)
   SECTION("beta") { expectCaught(c, {inputOf("LayerNormalization", 2), addTo(3, 1.0)}); }
 }
 
+TEST_CASE("verify: norm-decompose of a LayerNormalization with a wrong scale, bias or epsilon fails", "[verify]") {
+  const std::string text = R"(<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3,8] x) => (float[2,3,8] y)
+<)" + floats("scale", {8}, 33.0) + ", " + floats("bias", {8}, 34.0) + R"(>
+{
+  y = LayerNormalization <epsilon = 0.001> (x, scale, bias)
+}
+)";
+  const RuleCase c{"norm-decompose", text, "norms_decomposed", "LayerNormalization_0", {}};
+  expectPasses(c);
+  SECTION("scale") { expectCaught(c, {largestConstantOf("Mul", 8), nudgeLargest(0.1)}); }
+  SECTION("bias") { expectCaught(c, {largestConstantOf("Add", 8), addTo(5, 1.0)}); }
+  // The emitted epsilon constant: 1 instead of 1e-3 shrinks every output by about sqrt(2).
+  SECTION("epsilon") {
+    const Pick epsilonOfAdd = [](const Node& node, int, const Tensor& tensor) {
+      return node.opType() == "Add" && tensor.elementCount() == 1;
+    };
+    expectCaught(c, {epsilonOfAdd, addTo(0, 1.0)});
+  }
+}
+
+TEST_CASE("verify: norm-decompose of a GroupNormalization-18 with a wrong per-group scale fails", "[verify]") {
+  const std::string text = R"(<ir_version: 8, opset_import: ["" : 18]>
+g (float[2,4,3,3] x) => (float[2,4,3,3] y)
+<)" + floats("scale", {2}, 35.0) + ", " + floats("bias", {2}, 36.0) + R"(>
+{
+  y = GroupNormalization <num_groups = 2> (x, scale, bias)
+}
+)";
+  const RuleCase c{"norm-decompose", text, "norms_decomposed", "GroupNormalization_0", {}};
+  expectPasses(c);
+  // The per-group scale reaches the grouped view through an Unsqueeze to [G, 1].
+  expectCaught(c, {inputOf("Unsqueeze", 0), nudgeLargest(0.1)});
+}
+
 TEST_CASE("verify: train-bn-expand with a wrong emitted constant fails", "[verify]") {
   const RuleCase c{"train-bn-expand", trainingBnText(), "expanded", "BatchNormalization_0", {}};
   expectPasses(c);

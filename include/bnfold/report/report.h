@@ -23,6 +23,13 @@ inline constexpr const char* kReportSections[] = {"folds",  "bias_absorbed", "sc
 /// The array of graphs sorted on load (see Report::setReorderedGraphs): not a rewrite section.
 inline constexpr const char* kReorderedSection = "graph_reordered";
 
+/// What an array in the report lists.
+enum class SectionKind {
+  Rewrites,   ///< one entry per rewrite done ("folds", "norms_fused", ...)
+  LeftAlone,  ///< one entry per node or link a rule left in place, with its reason ("skipped", "norms_not_fused", ...)
+  Other,      ///< neither: "rules", "graph_reordered"
+};
+
 class Report {
  public:
   Report();
@@ -55,12 +62,13 @@ class Report {
   void setVerification(nlohmann::json summary) { doc_["verification"] = std::move(summary); }
   /// True when the run verified its rewrites (setVerification was called), so entries may hold verdicts.
   bool hasVerification() const { return doc_.contains("verification"); }
-  /// Entries in every section but "skipped", "not_equalized", "high_bias_not_absorbed" and "graph_reordered": the
-  /// rewrites done.
+  /// Entries in the sections of kind SectionKind::Rewrites: the rewrites done.
   std::size_t rewriteCount() const;
-  /// Whether the array section `key` lists nodes left alone ("skipped", "not_equalized", "high_bias_not_absorbed")
-  /// rather than rewrites.
-  static bool isLeftAloneSection(const std::string& key);
+  /// What the array section `key` lists, from one table of every section bnfold writes. A section the table does not
+  /// know lists rewrites (a newer rule's); every rule's Rule::failureSection is in it as LeftAlone (a test checks).
+  static SectionKind sectionKind(const std::string& key);
+  /// Whether the array section `key` lists nodes left alone rather than rewrites.
+  static bool isLeftAloneSection(const std::string& key) { return sectionKind(key) == SectionKind::LeftAlone; }
 
   const nlohmann::json& json() const;
   /// Pretty-printed JSON with a trailing newline. Records are turned into JSON one at a time, so the whole report is
