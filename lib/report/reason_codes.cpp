@@ -38,7 +38,7 @@ const std::vector<ReasonCodeInfo>& reasonCodes() {
       {kNonFiniteParams, "a BN parameter holds NaN or infinity"},
       {kNonHomogeneousActivation, "the activation between two layers is not positively homogeneous (Clip/Relu6, HardSwish, Sigmoid, ...) (equalize)"},
       {kNonSpatialTraining, "spatial=0 in training mode (statistics per element) is not expanded"},
-      {kNormOpNotInOpset, "the model's opset predates the norm op (LayerNormalization 17, RMSNormalization 23, GroupNormalization 21) (norm-fuse)"},
+      {kNormOpNotInOpset, "the model's opset predates the norm op (LayerNormalization 17, RMSNormalization 23, GroupNormalization 21; also each deprecated GroupNormalization-18) (norm-fuse)"},
       {kNotANormChain, "the ops around the square root differ from every decomposed norm form bnfold fuses (norm-fuse)"},
       {kNotImproving,
        "equalizing the link would not lower its chain's per-tensor int8 weight noise, referred to the chain's output "

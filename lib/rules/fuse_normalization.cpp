@@ -187,8 +187,10 @@ class FuseNormalization final : public Rule {
            "into LayerNormalization (opset 17+), RMSNormalization (opset 23+) or GroupNormalization (opset 21+)";
   }
   // Rooted where the normalized value is computed: the Div, or the Mul by a reciprocal.
-  // GroupNorm's root is its InstanceNormalization.
-  std::vector<std::string> rootOps() const override { return {"Div", "Mul", "InstanceNormalization"}; }
+  // GroupNorm's root is its InstanceNormalization. A GroupNormalization-18 is matched only to say why it stays.
+  std::vector<std::string> rootOps() const override {
+    return {"Div", "Mul", "InstanceNormalization", "GroupNormalization"};
+  }
   std::vector<OpVersions> opVersions() const override {
     return {kReduceMean, kReduceSum, kGlobalAveragePool, kSub, kPow, kMul, kAdd, kDiv, kSqrt,
             kReciprocal, kCast, kConstant, kNeg, kMax, kReshape, kInstanceNormalization, kLayerNormalization, kRmsNormalization,
@@ -198,6 +200,7 @@ class FuseNormalization final : public Rule {
 
   MatchResult match(const Node& root, const RuleContext& context) const override {
     if (root.isOnnxOp("InstanceNormalization")) return matchGroupNorm(root, context);
+    if (root.isOnnxOp("GroupNormalization")) return explainGroupNorm18(root, context);
     auto chain = std::make_unique<NormChain>();
     std::set<const Node*> members;
     auto take = [&](const Node* node) {
@@ -539,6 +542,19 @@ class FuseNormalization final : public Rule {
 
  private:
   // Reshape(X, [N, G, -1]) -> InstanceNormalization(scale 1, bias 0) -> Reshape back -> Mul(gamma)? -> Add(beta)?
+  // GroupNormalization-18 (deprecated: scale and bias per group) would become -21 (per channel), but a model whose
+  // opset has -21 cannot hold a -18; raising the opset is --target-opset's job, which this build's libonnx version
+  // converter (opsets up to 17) cannot do. So the node stays, and the report says why and what else there is.
+  static MatchResult explainGroupNorm18(const Node& node, const RuleContext& context) {
+    if (context.opset() >= kGroupNormPerChannelOpset)
+      return MatchResult::quietFailure(reason::kNotANormChain, describe(node) + " is already GroupNormalization-21");
+    return MatchResult::failure(
+        reason::kNormOpNotInOpset,
+        describe(node) + " is the deprecated GroupNormalization-18 (scale and bias per group); its per-channel "
+                         "form GroupNormalization-21 needs opset 21 and the model's is " +
+            std::to_string(context.opset()) + " (--rules +norm-decompose writes it as primitive ops)");
+  }
+
   MatchResult matchGroupNorm(const Node& instanceNorm, const RuleContext& context) const {
     const Node* grouping = producerOp(instanceNorm.input(0), "Reshape");
     const Node* ungrouping = soleReaderOp(instanceNorm.output(0), "Reshape");

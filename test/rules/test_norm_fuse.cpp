@@ -630,6 +630,30 @@ TEST_CASE("norm-fuse: a GroupNorm that breaks a condition is left with its reaso
 namespace {
 
 /// The same GroupNorm with its statistics written out: ReduceMean over the grouped view's last axis, ..., Div.
+TEST_CASE("norm-fuse: a deprecated GroupNormalization-18 stays with its reason, a -21 is not reported", "[norm-fuse]") {
+  LayerNormText gn;
+  gn.inputType = gn.outputType = "float[2,8,3,3]";
+  gn.body = {"y = GroupNormalization <num_groups = 2, epsilon = 1e-5> (x, gamma, beta)"};
+  for (int opset : {18, 20}) {
+    gn.opset = opset;
+    gn.gammaDims = gn.betaDims = {2};  // per group
+    INFO(gn.text());
+    auto model = gn.build();
+    const Report report = applyRules(*model, kRules);
+    CHECK(opSequence(model->graph()) == "GroupNormalization");
+    const json& left = report.section("norms_not_fused");
+    REQUIRE(left.size() == 1);
+    CHECK(left[0]["reason"] == "norm-op-not-in-opset");
+    CHECK(left[0]["message"].get<std::string>().find("GroupNormalization-18") != std::string::npos);
+  }
+  gn.opset = 21;
+  gn.gammaDims = gn.betaDims = {8};  // per channel
+  auto model = gn.build();
+  const Report report = applyRules(*model, kRules);
+  CHECK(report.section("norms_not_fused").empty());
+  CHECK(report.section("norms_fused").empty());
+}
+
 LayerNormText groupNormReduceMean(int opset) {
   LayerNormText gn = groupNorm(opset);
   gn.initializers = "int64[3] grouped = {2, 2, -1}, int64[4] back = {2, 8, 3, 3}, int64[1] axes = {-1}";
