@@ -1,10 +1,16 @@
 # bash completion for bnfold.
 #   source scripts/bnfold-completion.bash                      # this shell
 #   cp scripts/bnfold-completion.bash /usr/share/bash-completion/completions/bnfold   # every shell
-# Rule names are read from `bnfold fold --help`, so new rules complete without editing this file.
+# Rule names and each command's options are read from `bnfold ... --help`, so new ones complete without editing this
+# file.
 
 _bnfold_rules() {
   "${1:-bnfold}" fold --help 2>/dev/null | sed -n 's/^  [* ] \([a-z0-9][a-z0-9-]*\)  .*/\1/p'
+}
+
+# The options of a command as its --help lists them ("  -o,--output TEXT  ..." gives -o and --output).
+_bnfold_options() {
+  "${1:-bnfold}" "$2" --help 2>/dev/null | sed -n 's/^  \(-[^ ]*\).*/\1/p' | tr ',' '\n'
 }
 
 _bnfold() {
@@ -19,7 +25,6 @@ _bnfold() {
   fi
 
   local global_opts="-h --help --help-all --version -v --verbose -q --quiet"
-  local rule_opts="--rules --keep --keep-op --input-defaults-are-constant --freeze-train-bn --max-constant-size --verify"
   local command="" i
   for ((i = 1; i < cword; i++)); do
     case "${words[i]}" in
@@ -63,14 +68,7 @@ _bnfold() {
     return
   fi
   if [[ "$cur" == -* ]]; then
-    local opts
-    case "$command" in
-      info) opts="--json --weights --rules --keep --keep-op --input-defaults-are-constant --freeze-train-bn
-                  --max-constant-size -h --help" ;;
-      fold) opts="-o --output --report --out-dir --report-dir --in-place --backup-suffix --dry-run -j --jobs $rule_opts -h --help" ;;
-      check) opts="--format --fail-on -j --jobs $rule_opts -h --help" ;;
-    esac
-    COMPREPLY=($(compgen -W "$opts -v --verbose -q --quiet" -- "$cur"))
+    COMPREPLY=($(compgen -W "$(_bnfold_options "${words[0]}" "$command") -v --verbose -q --quiet" -- "$cur"))
     return
   fi
   # Models: *.onnx files and folders.
