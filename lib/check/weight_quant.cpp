@@ -115,6 +115,31 @@ std::vector<LayerLeftOff> layersLeftOff(const std::vector<LayerWeightQuant>& lay
   return leftOff;
 }
 
+namespace {
+
+// The layers a run replaced by a new node (a MatMul that became a Gemm), as each report entry that did it names
+// them: "replaced_node" -> "into" (bn-fold, bn-forward), "layer" or "node" -> "replaced_by" (bias-add, and
+// norm-affine-forward's per-layer entries). New name -> old name.
+void collectRenamedLayers(const nlohmann::json& entry, std::map<std::string, std::string>& oldNameOf) {
+  if (entry.is_array()) {
+    for (const nlohmann::json& item : entry) collectRenamedLayers(item, oldNameOf);
+    return;
+  }
+  if (!entry.is_object()) return;
+  auto text = [&](const char* key) -> const std::string* {
+    auto it = entry.find(key);
+    return it != entry.end() && it->is_string() ? &it->get_ref<const std::string&>() : nullptr;
+  };
+  const std::string* oldName = text("replaced_node");
+  const std::string* newName = oldName ? text("into") : text("replaced_by");
+  if (!oldName) oldName = text("layer") ? text("layer") : text("node");
+  if (oldName && newName && *oldName != *newName) oldNameOf.emplace(*newName, *oldName);
+  for (const auto& item : entry.items())
+    if (item.value().is_array()) collectRenamedLayers(item.value(), oldNameOf);
+}
+
+}  // namespace
+
 WeightQuantSummary summarizeWeightQuant(Model& model, const DriverOptions& options) {
   DriverOptions foldOptions = options;
   foldOptions.verify = false;
@@ -129,9 +154,20 @@ WeightQuantSummary summarizeWeightQuant(Model& model, const DriverOptions& optio
 
   WeightQuantSummary summary;
   std::map<std::pair<std::string, std::string>, std::size_t> rowOf;  // (graph, node) -> index in summary.layers
+  // A layer a rule replaced keeps its row (and the name it was loaded with): one row per layer, not one per name.
+  std::map<std::string, std::string> oldNameOf;
+  auto rowNameOf = [&](const LayerWeightQuant& layer) {
+    std::string name = layer.node;
+    for (std::size_t hops = 0; hops < oldNameOf.size(); ++hops) {
+      auto old = oldNameOf.find(name);
+      if (old == oldNameOf.end() || !rowOf.count({layer.graph, old->second})) break;
+      name = old->second;
+    }
+    return name;
+  };
   auto take = [&](std::optional<LayerWeightQuant> LayerWeightQuantStates::*state) {
     for (LayerWeightQuant& layer : layerWeightQuant(model, options.ruleOptions)) {
-      auto [it, added] = rowOf.emplace(std::make_pair(layer.graph, layer.node), summary.layers.size());
+      auto [it, added] = rowOf.emplace(std::make_pair(layer.graph, rowNameOf(layer)), summary.layers.size());
       if (added) summary.layers.push_back({layer.node, layer.op, layer.graph, {}, {}, {}});
       LayerWeightQuantStates& row = summary.layers[it->second];
       row.op = layer.op;
@@ -141,9 +177,11 @@ WeightQuantSummary summarizeWeightQuant(Model& model, const DriverOptions& optio
   take(&LayerWeightQuantStates::loaded);
   Report foldReport;
   runRules(model, foldOptions, foldReport);
+  collectRenamedLayers(foldReport.json(), oldNameOf);
   take(&LayerWeightQuantStates::folded);
   Report equalizeReport;
   runRules(model, equalizeOptions, equalizeReport);
+  collectRenamedLayers(equalizeReport.json(), oldNameOf);
   take(&LayerWeightQuantStates::equalized);
   std::vector<LayerWeightQuant> equalized;
   for (const LayerWeightQuantStates& row : summary.layers)

@@ -198,6 +198,39 @@ TEST_CASE("weight quant: a layer that equalization repairs is not left off", "[w
   CHECK(json["layers"][0]["folded"]["gap_db"].get<double>() == Approx(conv1.folded->gapDb));
 }
 
+TEST_CASE("weight quant: a MatMul that folding turns into a Gemm keeps one row", "[weight-quant]") {
+  // MatMul -> BN on a 2-D input: bn-fold writes a Gemm with a new name (mm_gemm) in place of the MatMul.
+  const std::string c = std::to_string(kChannels);
+  std::vector<double> gamma(kChannels, 1.0), weight;
+  gamma[0] = 100;
+  for (int i = 0; i < 2; ++i)
+    for (int o = 0; o < kChannels; ++o) weight.push_back(0.3 + 0.01 * ((o * 5 + i * 3) % 13));
+  auto model = bnfold::test::parseModel(
+      "<ir_version: 8, opset_import: [\"\" : 14]>\n"
+      "m (float[3,2] x) => (float[3," + c + "] y)\n"
+      "<float[2," + c + "] w = {" + listText(weight) + "}, float[" + c + "] s = {" + listText(gamma) + "}, float[" + c +
+      "] b = {" + listText(std::vector<double>(kChannels, 0.1)) + "}, float[" + c + "] m = {" +
+      listText(std::vector<double>(kChannels, 0.0)) + "}, float[" + c + "] v = {" +
+      listText(std::vector<double>(kChannels, 1.0)) + "}>\n"
+      "{\n"
+      "  h = MatMul (x, w)\n"
+      "  y = BatchNormalization (h, s, b, m, v)\n"
+      "}\n");
+  const std::string matMul = model->graph().nodes().front()->name();
+  const auto summary = bnfold::summarizeWeightQuant(*model, defaultOptions());
+  REQUIRE(summary.layers.size() == 1);
+  const auto& layer = summary.layers.front();
+  CHECK(layer.node == matMul);
+  CHECK(layer.op == "Gemm");
+  REQUIRE(layer.loaded);
+  REQUIRE(layer.folded);
+  CHECK(layer.loaded->op == "MatMul");
+  CHECK(layer.folded->op == "Gemm");
+  CHECK(layer.folded->node != matMul);
+  // gamma 100 on channel 0 is folded into the weight: the per-tensor step now starves the other channels.
+  CHECK(layer.folded->gapDb > layer.loaded->gapDb + 10);
+}
+
 TEST_CASE("weight quant: a layer read by a pool is left off with equalize's reason for it", "[weight-quant]") {
   std::string text = twoLayerModel("Relu", 1.0);
   // The first Conv's BN output goes to a pool equalize does not look through (GlobalMaxPool): there is no second layer to equalize with, and equalize says so
