@@ -50,10 +50,14 @@ std::optional<Dims> standInShape(const Region& region, const RuntimeInput& input
     const ConstantOperand* w = constantInput(region, *reader, 1);
     if (!w || w->dims.size() < 3) return std::nullopt;
     const int64_t group = intAttribute(*reader, "group", 1);
+    // Attributes are the model's, untrusted: a stand-in is made only from values in range (no overflow below).
+    if (group < 1 || group > kStandInSizeLimit || w->dims[1] > kStandInSizeLimit) return std::nullopt;
     Dims dims = {kStandInLayerBatch, op == "Conv" ? w->dims[1] * group : w->dims[0]};
     if (op == "ConvTranspose" && !intsAttribute(*reader, "output_shape").empty()) return std::nullopt;  // fixes the input size
     const std::vector<int64_t> strides = intsAttribute(*reader, "strides"), dilations = intsAttribute(*reader, "dilations");
     const std::vector<int64_t> pads = intsAttribute(*reader, "pads");
+    for (int64_t pad : pads)
+      if (pad < 0 || pad > kStandInSizeLimit) return std::nullopt;
     const std::size_t spatial = w->dims.size() - 2;
     for (std::size_t i = 0; i < spatial; ++i) {
       const int64_t stride = std::max<int64_t>(i < strides.size() ? strides[i] : 1, 1);
