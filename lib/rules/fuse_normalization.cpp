@@ -541,7 +541,6 @@ class FuseNormalization final : public Rule {
   }
 
  private:
-  // Reshape(X, [N, G, -1]) -> InstanceNormalization(scale 1, bias 0) -> Reshape back -> Mul(gamma)? -> Add(beta)?
   // GroupNormalization-18 (deprecated: scale and bias per group) would become -21 (per channel), but a model whose
   // opset has -21 cannot hold a -18; raising the opset is --target-opset's job, which this build's libonnx version
   // converter (opsets up to 17) cannot do. So the node stays, and the report says why and what else there is.
@@ -555,6 +554,7 @@ class FuseNormalization final : public Rule {
             std::to_string(context.opset()) + " (--rules +norm-decompose writes it as primitive ops)");
   }
 
+  // Reshape(X, [N, G, -1]) -> InstanceNormalization(scale 1, bias 0) -> Reshape back -> Mul(gamma)? -> Add(beta)?
   MatchResult matchGroupNorm(const Node& instanceNorm, const RuleContext& context) const {
     const Node* grouping = producerOp(instanceNorm.input(0), "Reshape");
     const Node* ungrouping = soleReaderOp(instanceNorm.output(0), "Reshape");
