@@ -214,9 +214,11 @@ void printGithub(const std::vector<ModelCheck>& checks) {
 }
 
 int runCheck(const CheckOptions& options) {
-  const DriverOptions driverOptions = driverOptionsFrom(options.ruleFlags);
+  DriverOptions driverOptions = driverOptionsFrom(options.ruleFlags);
   const std::set<std::string> failOn = parseFailOn(options.failOn);
   const std::vector<ModelFile> files = collectModelFiles(options.inputs);
+  if (effectiveJobs(options.jobs) > 1 && files.size() > 1)
+    driverOptions.ruleOptions.concurrent = false;  // the models share the cores
   std::vector<ModelCheck> checks(files.size());
   runInParallel(
       files.size(), effectiveJobs(options.jobs),

@@ -211,11 +211,12 @@ std::string modelLine(std::size_t index, std::size_t total, const PlannedFold& i
 }
 
 int runBatch(const FoldOptions& options) {
-  const DriverOptions driverOptions = driverOptionsFrom(options.ruleFlags);
+  DriverOptions driverOptions = driverOptionsFrom(options.ruleFlags);
   const auto started = std::chrono::steady_clock::now();
   const std::vector<PlannedFold> items =
       planBatchFold(options.inputs, BatchDestinations{options.outDir, options.reportDir, options.inPlace});
   const unsigned jobs = effectiveJobs(options.jobs);
+  if (jobs > 1 && items.size() > 1) driverOptions.ruleOptions.concurrent = false;  // the models share the cores
 
   // A dry run's lines are its result (stdout); a real run's are progress (stderr).
   std::FILE* stream = options.dryRun ? stdout : stderr;

@@ -3,8 +3,12 @@
 // layer under given scales must round every weight; a chain's noise model computes it once per distinct scales.
 #include "kernels/equalize_math.h"
 
+#include <Eigen/Core>
+
 #include <algorithm>
 #include <cmath>
+#include <future>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -66,9 +70,41 @@ struct LayerPairs {
   std::vector<std::size_t> out, in;
   std::vector<double> largest, squares;
   std::size_t outChannels = 0, inChannels = 0;
+  /// Run r is (output r / inChannels, input r % inChannels): a dense layer's pairs, row by row.
+  bool grid = false;
 
   std::size_t runs() const { return out.size(); }
 };
+
+using ConstArray = Eigen::Map<const Eigen::ArrayXd>;
+using MutableArray = Eigen::Map<Eigen::ArrayXd>;
+
+// The largest of each output (byOutput) or input channel of a grid layer's pair maxima (LayerPairs::grid: rows are
+// outputs), each multiplied first by its row's factor and then by its column's (null: 1), as the weights are
+// rescaled (so each range equals the largest rescaled weight to the last bit). Rows at a time through Eigen, which
+// vectorizes them.
+void gridChannelRanges(const double* largest, std::size_t outs, std::size_t ins, const double* rowFactor,
+                       const double* columnFactor, bool byOutput, double* ranges) {
+  const auto columns = static_cast<Eigen::Index>(ins);
+  if (!byOutput) MutableArray(ranges, columns).setZero();
+  if (ins == 0) {
+    if (byOutput) std::fill(ranges, ranges + outs, 0.0);
+    return;
+  }
+  Eigen::ArrayXd row(columns);
+  for (std::size_t o = 0; o < outs; ++o) {
+    const ConstArray pairs(largest + o * ins, columns);
+    if (rowFactor)
+      row = pairs * rowFactor[o];
+    else
+      row = pairs;
+    if (columnFactor) row *= ConstArray(columnFactor, columns);
+    if (byOutput)
+      ranges[o] = std::max(0.0, row.maxCoeff());
+    else
+      MutableArray(ranges, columns) = MutableArray(ranges, columns).max(row);
+  }
+}
 
 std::size_t elementCountOf(const ChainLayer& layer) {
   if (!layer.read) return layer.weights.size();
@@ -131,24 +167,59 @@ class WeightStream {
   std::int64_t bufferFirst_ = 0, bufferCount_ = 0;
 };
 
-// visit(out, in, first, length, largest, squares) per run of elements that share one output and one input channel,
-// in element order, with the run's largest |w| and sum of squares.
-template <typename Visit>
-void forEachChannelPair(const ChainLayer& layer, const LayerShape& shape, Visit&& visit) {
+// One run of weight elements that share an output and an input channel, with its largest |w| and sum of squares.
+struct ChannelPair {
+  std::size_t in = 0;
+  std::int64_t first = 0, length = 0;
+  double largest = 0.0, squares = 0.0;
+};
+
+// The channel pairs of one output run (elements [offset, offset + length), all feeding one output channel), in
+// element order.
+class OutputRunPairs {
+ public:
+  OutputRunPairs(const LayerShape& shape, std::int64_t offset, std::int64_t length, const double* weights)
+      : runs_(shape.in, offset, length), offset_(offset), weights_(weights) {}
+
+  bool next(ChannelPair& pair) {
+    std::int64_t inner = 0, length = 0, in = 0;
+    if (!runs_.next(inner, length, in)) return false;
+    double largest = 0.0, squares = 0.0;
+    for (std::int64_t e = inner; e < inner + length; ++e) {
+      const double w = weights_[e];
+      const double magnitude = std::abs(w);
+      largest = largest < magnitude ? magnitude : largest;  // std::max, by value
+      squares += w * w;
+    }
+    pair = {static_cast<std::size_t>(in), offset_ + inner, length, largest, squares};
+    return true;
+  }
+
+ private:
+  ChannelRuns runs_;
+  std::int64_t offset_;
+  const double* weights_;
+};
+
+// onRun(out, offset, length, weights) per run of elements feeding one output channel, in element order, with the
+// run's weights (valid during the call). Consumers loop over OutputRunPairs with their sums in locals.
+template <typename OnRun>
+void forEachOutputRun(const ChainLayer& layer, const LayerShape& shape, OnRun&& onRun) {
   WeightStream stream(layer, shape.count);
-  forEachChannelRun(shape.out, 0, shape.count, [&](std::int64_t offset, std::int64_t length, std::int64_t out) {
-    const double* weights = stream.span(offset, length);
-    forEachChannelRun(shape.in, offset, length, [&](std::int64_t inner, std::int64_t innerLength, std::int64_t in) {
-      double largest = 0.0, squares = 0.0;
-      for (std::int64_t e = inner; e < inner + innerLength; ++e) {
-        const double w = weights[e];
-        largest = std::max(largest, std::abs(w));
-        squares += w * w;
-      }
-      visit(static_cast<std::size_t>(out), static_cast<std::size_t>(in), offset + inner, innerLength, largest,
-            squares);
-    });
+  ChannelRuns runs(shape.out, 0, shape.count);
+  std::int64_t offset = 0, length = 0, out = 0;
+  while (runs.next(offset, length, out))
+    onRun(static_cast<std::size_t>(out), offset, length, stream.span(offset, length));
+}
+
+// How many runs layerPairs records, without reading a weight: forEachChannelRun gives one run per block of
+// `inner` elements an output run touches.
+std::size_t channelPairCount(const LayerShape& shape) {
+  std::size_t runs = 0;
+  forEachChannelRun(shape.out, 0, shape.count, [&](std::int64_t offset, std::int64_t length, std::int64_t) {
+    runs += static_cast<std::size_t>((offset + length - 1) / shape.in.inner - offset / shape.in.inner + 1);
   });
+  return runs;
 }
 
 // The shape's channel counts, no runs yet.
@@ -161,16 +232,31 @@ LayerPairs emptyPairs(const LayerShape& shape) {
 
 LayerPairs layerPairs(const ChainLayer& layer, const LayerShape& shape) {
   LayerPairs pairs = emptyPairs(shape);
-  forEachChannelPair(layer, shape,
-                     [&](std::size_t out, std::size_t in, std::int64_t first, std::int64_t, double largest,
-                         double squares) {
-                       pairs.start.push_back(first);
-                       pairs.out.push_back(out);
-                       pairs.in.push_back(in);
-                       pairs.largest.push_back(largest);
-                       pairs.squares.push_back(squares);
-                     });
-  pairs.start.push_back(shape.count);
+  const std::size_t runs = channelPairCount(shape);
+  pairs.start.resize(runs + 1);
+  pairs.out.resize(runs);
+  pairs.in.resize(runs);
+  pairs.largest.resize(runs);
+  pairs.squares.resize(runs);
+  std::size_t r = 0;
+  forEachOutputRun(layer, shape, [&](std::size_t out, std::int64_t offset, std::int64_t length, const double* weights) {
+    OutputRunPairs runPairs(shape, offset, length, weights);
+    ChannelPair pair;
+    while (runPairs.next(pair)) {
+      if (r == runs) throw std::logic_error("equalize: channel pairs miscounted");
+      pairs.start[r] = pair.first;
+      pairs.out[r] = out;
+      pairs.in[r] = pair.in;
+      pairs.largest[r] = pair.largest;
+      pairs.squares[r] = pair.squares;
+      ++r;
+    }
+  });
+  if (r != runs) throw std::logic_error("equalize: channel pairs miscounted");
+  pairs.start[runs] = shape.count;
+  pairs.grid = runs == pairs.outChannels * pairs.inChannels;
+  for (std::size_t p = 0; p < runs && pairs.grid; ++p)
+    pairs.grid = pairs.out[p] == p / pairs.inChannels && pairs.in[p] == p % pairs.inChannels;
   return pairs;
 }
 
@@ -223,7 +309,7 @@ struct ChannelGroups {
 // The data-free noise model of chainInt8Noise: per layer, the power of each input channel and the gain of each
 // output channel to the chain's output, in the coordinates of the weights as given.
 struct ChainNoise::Model {
-  Model(const std::vector<ChainLayer>& chain, NoiseMeasure noiseMeasure)
+  Model(const std::vector<ChainLayer>& chain, NoiseMeasure noiseMeasure, bool concurrent)
       : layers(chain), measure(noiseMeasure), byChannel(noiseMeasure == NoiseMeasure::Estimated && chain.size() >= 2) {
     if (layers.empty()) throw std::invalid_argument("equalize: a chain needs a layer");
     for (const ChainLayer& layer : layers) {
@@ -236,14 +322,30 @@ struct ChainNoise::Model {
         throw std::invalid_argument("equalize: layer " + std::to_string(k) +
                                     "'s output channels do not match layer " + std::to_string(k + 1) +
                                     "'s input channels");
+    // The end layers' summaries and the middle layers' pairs read different weights: a large chain reads its ends
+    // on a second thread meanwhile (a std::async future waits for it when destroyed, also when the middle throws).
+    std::future<void> ends;
+    if (byChannel && concurrent) {
+      std::int64_t endElements = shapes.front().count + shapes.back().count, middleElements = 0;
+      for (std::size_t k = 1; k + 1 < layers.size(); ++k) middleElements += shapes[k].count;
+      if (std::min(endElements, middleElements) >= kElementsWorthAThread)
+        ends = std::async(std::launch::async, [this] { summariseEnds(); });
+    }
     for (std::size_t k = 0; k < layers.size(); ++k) {
       const bool summarisedByChannel = byChannel && (k == 0 || k + 1 == layers.size());
       pairs.push_back(summarisedByChannel ? emptyPairs(shapes[k]) : layerPairs(layers[k], shapes[k]));
       pairsBuilt.push_back(!summarisedByChannel);
     }
-    if (byChannel) summariseEnds();
+    if (ends.valid())
+      ends.get();
+    else if (byChannel)
+      summariseEnds();
+    if (byChannel) propagateFromEnds();
     remembered.resize(layers.size());
   }
+
+  // Below this many weights on either side, a thread costs more than it saves.
+  static constexpr std::int64_t kElementsWorthAThread = std::int64_t{1} << 17;
 
   // Layer k's channel pairs, read now if only its channel summaries were kept.
   const LayerPairs& fullPairs(std::size_t k) const {
@@ -255,26 +357,48 @@ struct ChainNoise::Model {
   }
 
   // The chain's first and last layers, each scaled on one side only, as per-channel summaries on that side
-  // (ChannelGroups), with the powers, gains and signal that need them, in the order propagate() sums them.
+  // (ChannelGroups). Reads only those two layers' weights.
   void summariseEnds() {
-    const std::size_t n = layers.size();
     firstByOutput.emplace(shapes.front().outChannels);
-    forEachChannelPair(layers.front(), shapes.front(),
-                       [&](std::size_t out, std::size_t, std::int64_t, std::int64_t length, double largest,
-                           double squares) { firstByOutput->add(out, length, largest, squares); });
+    {
+      ChannelGroups& groups = *firstByOutput;
+      forEachOutputRun(layers.front(), shapes.front(),
+                       [&](std::size_t out, std::int64_t offset, std::int64_t length, const double* weights) {
+                         double largest = groups.largest[out], count = groups.count[out],
+                                squares = groups.squares[out];
+                         OutputRunPairs runPairs(shapes.front(), offset, length, weights);
+                         ChannelPair pair;
+                         while (runPairs.next(pair)) {
+                           largest = largest < pair.largest ? pair.largest : largest;  // ChannelGroups::add
+                           count += static_cast<double>(pair.length);
+                           squares += pair.squares;
+                         }
+                         groups.largest[out] = largest;
+                         groups.count[out] = count;
+                         groups.squares[out] = squares;
+                       });
+    }
+    lastByInput.emplace(shapes.back().inChannels);
+    {
+      ChannelGroups& groups = *lastByInput;
+      forEachOutputRun(layers.back(), shapes.back(),
+                       [&](std::size_t, std::int64_t offset, std::int64_t length, const double* weights) {
+                         OutputRunPairs runPairs(shapes.back(), offset, length, weights);
+                         ChannelPair pair;
+                         while (runPairs.next(pair)) groups.add(pair.in, pair.length, pair.largest, pair.squares);
+                       });
+    }
+  }
+
+  // The powers, gains and signal from the end layers' summaries and the middle layers' pairs. The signal is the
+  // last layer's output power: each of its pairs' squares times its input's power, summed per input channel.
+  void propagateFromEnds() {
+    const std::size_t n = layers.size();
     power.resize(n);
     power[0].assign(shapes.front().inChannels, 1.0);
     power[1] = firstByOutput->squares;  // each pair's squares times the unit power of its input
     for (std::size_t k = 1; k + 1 < n; ++k) power[k + 1] = forwardPower(pairs[k], power[k]);
-    lastByInput.emplace(shapes.back().inChannels);
-    std::vector<double> out(shapes.back().outChannels, 0.0);
-    forEachChannelPair(layers.back(), shapes.back(),
-                       [&](std::size_t o, std::size_t in, std::int64_t, std::int64_t length, double largest,
-                           double squares) {
-                         lastByInput->add(in, length, largest, squares);
-                         out[o] += squares * power[n - 1][in];
-                       });
-    for (double p : out) signal += p;
+    for (std::size_t i = 0; i < lastByInput->squares.size(); ++i) signal += lastByInput->squares[i] * power[n - 1][i];
     gain.resize(n);
     gain[n - 1].assign(shapes.back().outChannels, 1.0);
     gain[n - 2] = lastByInput->squares;  // each pair's squares times the unit gain of its output
@@ -319,15 +443,36 @@ struct ChainNoise::Model {
     static const std::vector<double> kNone;
     const std::vector<double>& in = inScale ? *inScale : kNone;
     const std::vector<double>& out = outScale ? *outScale : kNone;
-    for (const Remembered& entry : remembered[k])
-      if (entry.in == in && entry.out == out) return entry.noise;
+    {
+      const std::lock_guard<std::mutex> lock(rememberedMutex);
+      for (const Remembered& entry : remembered[k])
+        if (entry.in == in && entry.out == out) return entry.noise;
+    }
     propagate();
     const double noise = signal > 0.0 ? (measure == NoiseMeasure::Exact ? exactLayerNoise(k, inScale, outScale)
                                                                         : estimatedLayerNoise(k, inScale, outScale)) /
                                             signal
                                       : 0.0;
+    // Two threads may compute the same noise at once: the same value, remembered twice.
+    const std::lock_guard<std::mutex> lock(rememberedMutex);
     remembered[k].push_back({in, out, noise});
     return noise;
+  }
+
+  // Whether choosing the scales is worth a second thread: the chain's middle layers have this many pairs.
+  bool worthAThread() const {
+    std::size_t middlePairs = 0;
+    for (std::size_t k = 1; k + 1 < pairs.size(); ++k) middlePairs += pairs[k].runs();
+    return middlePairs >= kPairsWorthAThread;
+  }
+  static constexpr std::size_t kPairsWorthAThread = std::size_t{1} << 15;
+
+  // Builds what layerNoise would build on first use, so that two threads may then ask for noises at once (only
+  // `remembered` changes after this, under its mutex).
+  void prepareConcurrentNoise() const {
+    propagate();
+    if (measure == NoiseMeasure::Estimated && byChannel)
+      for (std::size_t k = 1; k + 1 < layers.size(); ++k) pairTerms(k);
   }
 
   // Every weight rounded as the definition says.
@@ -379,42 +524,87 @@ struct ChainNoise::Model {
                                                 halfStep / factor(c));
       return noise;
     }
+    // Per pair r: factor = a[in] / b[out] (a: inScale, b: outScale), half step h = H / factor with H the half step
+    // of the rescaled layer, and the term weight * groupRoundingNoise(largest, count, squares, h), with weight
+    // (>= 0) taken into the min as PairTerms keeps it. Products with per-channel reciprocals instead of a division
+    // per pair, and four sums, so that pairs do not wait on each other.
     const LayerPairs& runs = pairs[k];
     const PairTerms& terms = pairTerms(k);
-    // Each pair's factor, computed once for both passes.
-    factors.resize(runs.runs());
+    const std::size_t outs = runs.outChannels, ins = runs.inChannels;
+    std::vector<double> scratch(2 * (outs + ins) + outs, 1.0);  // and the grid path's output ranges
+    double* const inScaleOf = scratch.data();
+    double* const inverseInScale = inScaleOf + ins;
+    double* const outScaleOf = inverseInScale + ins;
+    double* const inverseOutScale = outScaleOf + outs;
+    if (inScale)
+      for (std::size_t i = 0; i < ins; ++i) {
+        inScaleOf[i] = (*inScale)[i];
+        inverseInScale[i] = 1.0 / inScaleOf[i];
+      }
+    if (outScale)
+      for (std::size_t o = 0; o < outs; ++o) {
+        outScaleOf[o] = (*outScale)[o];
+        inverseOutScale[o] = 1.0 / outScaleOf[o];
+      }
+    const std::size_t count = runs.runs();
+    const double* const pairLargest = runs.largest.data();
     double largest = 0.0;
-    for (std::size_t r = 0; r < runs.runs(); ++r) {
-      factors[r] = (inScale ? (*inScale)[runs.in[r]] : 1.0) / (outScale ? (*outScale)[runs.out[r]] : 1.0);
-      largest = std::max(largest, runs.largest[r] * factors[r]);
+    if (runs.grid) {
+      double* const outRanges = inverseOutScale + outs;
+      gridChannelRanges(pairLargest, outs, ins, inverseOutScale, inScaleOf, true, outRanges);
+      for (std::size_t o = 0; o < outs; ++o) largest = largest < outRanges[o] ? outRanges[o] : largest;
+    } else {
+      for (std::size_t r = 0; r < count; ++r) {
+        const double scaled = pairLargest[r] * (inScaleOf[runs.in[r]] * inverseOutScale[runs.out[r]]);
+        largest = largest < scaled ? scaled : largest;
+      }
     }
     if (largest == 0.0 || !std::isfinite(largest)) return 0.0;
     const double halfStep = largest / 254.0;
-    double noise = 0.0;
-    for (std::size_t r = 0; r < runs.runs(); ++r)
-      noise += terms.weight[r] *
-               groupRoundingNoise(runs.largest[r], terms.count[r], runs.squares[r], halfStep / factors[r]);
-    return noise;
+    const double* const squares = terms.squares.data();
+    const double* const uniform = terms.uniform.data();
+    double sums[4] = {0.0, 0.0, 0.0, 0.0};
+    auto term = [&](std::size_t r, double pairHalfStep) {
+      const double spread = std::min(squares[r], uniform[r] * pairHalfStep * pairHalfStep);
+      return pairLargest[r] < pairHalfStep ? squares[r] : spread;
+    };
+    if (runs.grid) {
+      for (std::size_t o = 0, r = 0; o < outs; ++o) {
+        const double outHalfStep = halfStep * outScaleOf[o];
+        std::size_t i = 0;
+        for (; i + 4 <= ins; i += 4, r += 4)
+          for (std::size_t lane = 0; lane < 4; ++lane)
+            sums[lane] += term(r + lane, outHalfStep * inverseInScale[i + lane]);
+        for (; i < ins; ++i, ++r) sums[0] += term(r, outHalfStep * inverseInScale[i]);
+      }
+    } else {
+      for (std::size_t r = 0; r < count; ++r)
+        sums[r % 4] += term(r, halfStep * outScaleOf[runs.out[r]] * inverseInScale[runs.in[r]]);
+    }
+    return (sums[0] + sums[1]) + (sums[2] + sums[3]);
   }
 
-  // What the estimate of layer k takes per pair whatever the scales: its output gain times its input power, and
-  // its weight count.
+  // What the estimate of layer k takes per pair whatever the scales, with weight = its output gain times its input
+  // power: weight * squares (its noise when it rounds to zero) and weight * count / 3 (times the half step squared,
+  // its uniform rounding noise).
   struct PairTerms {
-    std::vector<double> weight, count;
+    std::vector<double> squares, uniform;
+    bool built = false;
   };
 
   const PairTerms& pairTerms(std::size_t k) const {
     if (terms.size() != layers.size()) terms.resize(layers.size());
     PairTerms& found = terms[k];
+    if (found.built) return found;
     const LayerPairs& runs = pairs[k];
-    if (found.weight.size() != runs.runs()) {
-      found.weight.resize(runs.runs());
-      found.count.resize(runs.runs());
-      for (std::size_t r = 0; r < runs.runs(); ++r) {
-        found.weight[r] = gain[k][runs.out[r]] * power[k][runs.in[r]];
-        found.count[r] = static_cast<double>(runs.start[r + 1] - runs.start[r]);
-      }
+    found.squares.resize(runs.runs());
+    found.uniform.resize(runs.runs());
+    for (std::size_t r = 0; r < runs.runs(); ++r) {
+      const double weight = gain[k][runs.out[r]] * power[k][runs.in[r]];
+      found.squares[r] = weight * runs.squares[r];
+      found.uniform[r] = weight * static_cast<double>(runs.start[r + 1] - runs.start[r]) / 3.0;
     }
+    found.built = true;
     return found;
   }
 
@@ -441,11 +631,11 @@ struct ChainNoise::Model {
   mutable double signal = 0.0;
   mutable std::vector<std::vector<Remembered>> remembered;
   mutable std::vector<PairTerms> terms;
-  mutable std::vector<double> factors;  // scratch of estimatedLayerNoise
+  mutable std::mutex rememberedMutex;
 };
 
-ChainNoise::ChainNoise(const std::vector<ChainLayer>& layers, NoiseMeasure measure)
-    : model_(std::make_unique<Model>(layers, measure)) {}
+ChainNoise::ChainNoise(const std::vector<ChainLayer>& layers, NoiseMeasure measure, bool concurrent)
+    : model_(std::make_unique<Model>(layers, measure, concurrent)) {}
 ChainNoise::~ChainNoise() = default;
 
 double ChainNoise::layer(std::size_t k, const std::vector<std::vector<double>>& scales) const {
@@ -479,6 +669,12 @@ std::vector<double> rescaledRanges(const ChainNoise::Model& model, std::size_t k
   }
   const LayerPairs& runs = model.fullPairs(k);
   std::vector<double> ranges(byOutput ? runs.outChannels : runs.inChannels, 0.0);
+  if (runs.grid) {
+    gridChannelRanges(runs.largest.data(), runs.outChannels, runs.inChannels,
+                      last ? nullptr : outputInverse.data(), k > 0 ? scales[k - 1].data() : nullptr, byOutput,
+                      ranges.data());
+    return ranges;
+  }
   for (std::size_t r = 0; r < runs.runs(); ++r) {
     double largest = runs.largest[r];
     if (!last) largest *= outputInverse[runs.out[r]];
@@ -512,6 +708,15 @@ class SweptLayer {
   SweptLayer(const LayerPairs& pairs, bool inputScaled, bool outputScaled)
       : pairs_(pairs), bothScaled_(inputScaled && outputScaled) {
     if (bothScaled_) largest_ = pairs.largest;
+    if (pairs.grid) {
+      outRanges_.resize(pairs.outChannels);
+      inRanges_.resize(pairs.inChannels);
+      gridChannelRanges(pairs.largest.data(), pairs.outChannels, pairs.inChannels, nullptr, nullptr, true,
+                        outRanges_.data());
+      gridChannelRanges(pairs.largest.data(), pairs.outChannels, pairs.inChannels, nullptr, nullptr, false,
+                        inRanges_.data());
+      return;
+    }
     outRanges_ = fromRuns(pairs.largest, pairs.out, pairs.outChannels);
     inRanges_ = fromRuns(pairs.largest, pairs.in, pairs.inChannels);
   }
@@ -524,8 +729,8 @@ class SweptLayer {
   const std::vector<double>& outputRanges() const { return outRanges_; }
   const std::vector<double>& inputRanges() const { return inRanges_; }
 
-  void scaleOutputs(const std::vector<double>& factor) { scale(factor, pairs_.out, outRanges_); }
-  void scaleInputs(const std::vector<double>& factor) { scale(factor, pairs_.in, inRanges_); }
+  void scaleOutputs(const std::vector<double>& factor) { scale(factor, true); }
+  void scaleInputs(const std::vector<double>& factor) { scale(factor, false); }
 
  private:
   static std::vector<double> fromRuns(const std::vector<double>& largest, const std::vector<std::size_t>& channel,
@@ -535,29 +740,47 @@ class SweptLayer {
     return ranges;
   }
 
-  void scale(const std::vector<double>& factor, const std::vector<std::size_t>& channel,
-             std::vector<double>& ranges) {
-    if (!bothScaled_) {
-      for (std::size_t c = 0; c < ranges.size(); ++c) ranges[c] *= factor[c];
-      return;
+  // The scaled side's ranges follow channel by channel (a positive factor keeps each channel's largest its
+  // largest, and rounding is monotone); the pairs' maxima are rescaled, and the other side's ranges taken from
+  // them, in one pass.
+  void scale(const std::vector<double>& factor, bool outputs) {
+    std::vector<double>& scaledSide = outputs ? outRanges_ : inRanges_;
+    bool positive = true;
+    for (std::size_t c = 0; c < scaledSide.size(); ++c) {
+      positive = positive && factor[c] > 0.0 && std::isfinite(factor[c]);
+      scaledSide[c] *= factor[c];
     }
-    std::fill(outRanges_.begin(), outRanges_.end(), 0.0);
-    std::fill(inRanges_.begin(), inRanges_.end(), 0.0);
-    // Consecutive pairs mostly share an output channel: its maximum stays in a register until the channel changes
-    // (through memory, each pair would wait for the previous one's store).
-    std::size_t out = 0;
-    double outRange = 0.0;
-    for (std::size_t r = 0; r < largest_.size(); ++r) {
-      const double largest = largest_[r] *= factor[channel[r]];
-      if (pairs_.out[r] != out) {
-        outRanges_[out] = std::max(outRanges_[out], outRange);
-        out = pairs_.out[r];
-        outRange = outRanges_[out];
+    if (!bothScaled_) return;
+    const std::size_t ins = pairs_.inChannels;
+    if (pairs_.grid && ins > 0) {
+      const auto columns = static_cast<Eigen::Index>(ins);
+      double* largest = largest_.data();
+      if (outputs) {
+        MutableArray inRanges(inRanges_.data(), columns);
+        inRanges.setZero();
+        for (std::size_t o = 0; o < pairs_.outChannels; ++o, largest += ins) {
+          MutableArray row(largest, columns);
+          row *= factor[o];
+          inRanges = inRanges.max(row);
+        }
+      } else {
+        const ConstArray inFactor(factor.data(), columns);
+        for (std::size_t o = 0; o < pairs_.outChannels; ++o, largest += ins) {
+          MutableArray row(largest, columns);
+          row *= inFactor;
+          outRanges_[o] = std::max(0.0, row.maxCoeff());
+        }
       }
-      outRange = std::max(outRange, largest);
-      inRanges_[pairs_.in[r]] = std::max(inRanges_[pairs_.in[r]], largest);
+    } else {
+      const std::vector<std::size_t>& channel = outputs ? pairs_.out : pairs_.in;
+      for (std::size_t r = 0; r < largest_.size(); ++r) largest_[r] *= factor[channel[r]];
+      if (outputs)
+        inRanges_ = fromRuns(largest_, pairs_.in, pairs_.inChannels);
+      else
+        outRanges_ = fromRuns(largest_, pairs_.out, pairs_.outChannels);
     }
-    if (!outRanges_.empty()) outRanges_[out] = std::max(outRanges_[out], outRange);
+    // A zero, infinite or NaN factor breaks the channel-by-channel rule: that side from the pairs too.
+    if (!positive) scaledSide = fromRuns(largest_, outputs ? pairs_.out : pairs_.in, scaledSide.size());
   }
 
   const LayerPairs& pairs_;
@@ -799,7 +1022,7 @@ ChainScales equalizeChain(const std::vector<ChainLayer>& layers, const std::vect
                           const EqualizeSettings& settings) {
   if (layers.size() < 2 || candidate.size() != layers.size() - 1)
     throw std::invalid_argument("equalizeChain: a chain needs two layers or more and one flag per link");
-  return equalizeChain(ChainNoise(layers, settings.noise), candidate, settings);
+  return equalizeChain(ChainNoise(layers, settings.noise, settings.concurrent), candidate, settings);
 }
 
 ChainScales equalizeChain(const ChainNoise& noise, const std::vector<bool>& candidate,
@@ -809,11 +1032,13 @@ ChainScales equalizeChain(const ChainNoise& noise, const std::vector<bool>& cand
   if (layers.size() < 2 || candidate.size() != layers.size() - 1)
     throw std::invalid_argument("equalizeChain: a chain needs two layers or more and one flag per link");
   const std::size_t links = candidate.size();
-  SweepResult swept = sweep(model, candidate, settings);
-  ChainScales result;
-  result.sweeps = swept.sweeps;
-  result.converged = swept.converged;
+  std::vector<std::vector<double>> identity;
+  for (std::size_t k = 0; k < links; ++k) identity.emplace_back(model.pairs[k].outChannels, 1.0);
   if (!settings.keepOnlyImproving) {
+    SweepResult swept = sweep(model, candidate, settings);
+    ChainScales result;
+    result.sweeps = swept.sweeps;
+    result.converged = swept.converged;
     result.kept = candidate;
     result.proposed = swept.scales;
     result.scales = std::move(swept.scales);
@@ -822,14 +1047,34 @@ ChainScales equalizeChain(const ChainNoise& noise, const std::vector<bool>& cand
       if (candidate[k]) result.power[k] = 1.0;
     return result;
   }
-  std::vector<std::vector<double>> identity;
-  for (const auto& s : swept.scales) identity.emplace_back(s.size(), 1.0);
+  // The sweep and its powers on a second thread while this one takes AIMET's scales and theirs (the future waits
+  // when destroyed, also when this thread throws).
+  struct SweepChoice {
+    SweepResult swept;
+    PoweredScales powered;
+  };
+  auto chooseSweep = [&model, &candidate, &settings] {
+    SweepChoice choice;
+    choice.swept = sweep(model, candidate, settings);
+    choice.powered = choosePowers(model, choice.swept.scales, candidate);
+    return choice;
+  };
+  std::future<SweepChoice> sweepLater;
+  if (settings.concurrent && model.worthAThread()) {
+    model.prepareConcurrentNoise();
+    sweepLater = std::async(std::launch::async, chooseSweep);
+  }
+  ChainScales result;
   for (std::size_t k = 0; k < layers.size(); ++k) result.noiseBefore += model.layerNoise(k, identity);
-
   const std::vector<std::vector<double>> aimet = aimetOnePassScales(model, candidate, identity);
-  PoweredScales bySweep = choosePowers(model, swept.scales, candidate);
   PoweredScales byAimet = choosePowers(model, aimet, candidate);
-  const bool aimetWins = byAimet.noise < bySweep.noise;
+  SweepChoice sweepChoice = sweepLater.valid() ? sweepLater.get() : chooseSweep();
+  SweepResult& swept = sweepChoice.swept;
+  PoweredScales& bySweep = sweepChoice.powered;
+  result.sweeps = swept.sweeps;
+  result.converged = swept.converged;
+  // Lower by more than rounding: on a pair both methods give sqrt(r1 / r2), up to the sweep's last bits.
+  const bool aimetWins = byAimet.noise < bySweep.noise * (1.0 - 1e-12);
   PoweredScales& chosen = aimetWins ? byAimet : bySweep;
   result.method = aimetWins ? ScaleMethod::AimetOnePass : ScaleMethod::Sweep;
   result.proposed = aimetWins ? aimet : swept.scales;

@@ -66,6 +66,9 @@ struct EqualizeSettings {
   /// for, and a run on its own output mostly finds less).
   double minimumNoiseReduction = 0.05;
   NoiseMeasure noise = NoiseMeasure::Estimated;
+  /// A large chain may use a second thread: the sweep and AIMET's pass chosen at once (and, in equalizeChain
+  /// from layers, the noise model read as ChainNoise reads it). The result is the same either way.
+  bool concurrent = true;
 };
 
 /// Where a chain's scales come from (before the per-link power of ChainScales::power).
@@ -117,10 +120,13 @@ std::vector<double> estimatedChainInt8Noise(const std::vector<ChainLayer>& layer
 /// A chain's noise model (chainInt8Noise or its estimate), built once from its weights: each layer's noise under
 /// given scales is computed once per distinct (layer, scales) and remembered, since choosing the scales and
 /// reporting them ask for the same ones again. Keeps a reference to `layers`, which must outlive it. Throws
-/// std::invalid_argument as chainInt8Noise does.
+/// std::invalid_argument as chainInt8Noise does. `concurrent`: a large chain's first and last layers are read on a
+/// second thread while this one reads the others, so the readers of different layers must allow that. Asking for
+/// noises from two threads at once is safe.
 class ChainNoise {
  public:
-  explicit ChainNoise(const std::vector<ChainLayer>& layers, NoiseMeasure measure = NoiseMeasure::Estimated);
+  explicit ChainNoise(const std::vector<ChainLayer>& layers, NoiseMeasure measure = NoiseMeasure::Estimated,
+                      bool concurrent = true);
   ~ChainNoise();
   ChainNoise(const ChainNoise&) = delete;
   ChainNoise& operator=(const ChainNoise&) = delete;

@@ -82,31 +82,53 @@ std::optional<ChannelIndexing> outputChannelIndexing(const WeightLayout& layout,
 /// Which input channel (see scaleInputChannels) each weight element reads, or nullopt when dims do not fit.
 std::optional<ChannelIndexing> inputChannelIndexing(const WeightLayout& layout, const Dims& dims);
 
-/// Calls run(offset, length, channel) for consecutive runs of elements [first, first + count) that share a
-/// channel; offset is relative to `first`. One division per call, none per element.
-template <typename Run>
-void forEachChannelRun(const ChannelIndexing& indexing, std::int64_t first, std::int64_t count, Run&& run) {
-  if (count <= 0) return;
-  std::int64_t block = first / indexing.inner;
-  std::int64_t withinGroup = block % indexing.perGroup;
-  std::int64_t row = block / indexing.perGroup;
-  std::int64_t rowInGroup = row % indexing.rowsPerGroup;
-  std::int64_t group = row / indexing.rowsPerGroup;
-  std::int64_t done = 0;
-  std::int64_t runLength = (block + 1) * indexing.inner - first;
-  while (done < count) {
-    const std::int64_t length = runLength < count - done ? runLength : count - done;
-    run(done, length, group * indexing.perGroup + withinGroup);
-    done += length;
-    runLength = indexing.inner;
-    if (++withinGroup == indexing.perGroup) {
-      withinGroup = 0;
-      if (++rowInGroup == indexing.rowsPerGroup) {
-        rowInGroup = 0;
-        ++group;
+/// The consecutive runs of elements [first, first + count) that share a channel, one at a time, for a plain loop
+/// (a lambda's captured sums can end up in memory, one store per element). One division on construction, none per
+/// run.
+class ChannelRuns {
+ public:
+  ChannelRuns(const ChannelIndexing& indexing, std::int64_t first, std::int64_t count)
+      : indexing_(indexing), count_(count) {
+    if (count <= 0) return;
+    const std::int64_t block = first / indexing.inner;
+    withinGroup_ = block % indexing.perGroup;
+    const std::int64_t row = block / indexing.perGroup;
+    rowInGroup_ = row % indexing.rowsPerGroup;
+    group_ = row / indexing.rowsPerGroup;
+    runLength_ = (block + 1) * indexing.inner - first;
+  }
+
+  /// The next run: offset relative to `first`, its length and channel; false after the last.
+  bool next(std::int64_t& offset, std::int64_t& length, std::int64_t& channel) {
+    if (done_ >= count_) return false;
+    offset = done_;
+    length = runLength_ < count_ - done_ ? runLength_ : count_ - done_;
+    channel = group_ * indexing_.perGroup + withinGroup_;
+    done_ += length;
+    runLength_ = indexing_.inner;
+    if (++withinGroup_ == indexing_.perGroup) {
+      withinGroup_ = 0;
+      if (++rowInGroup_ == indexing_.rowsPerGroup) {
+        rowInGroup_ = 0;
+        ++group_;
       }
     }
+    return true;
   }
+
+ private:
+  const ChannelIndexing& indexing_;
+  std::int64_t count_;
+  std::int64_t done_ = 0, runLength_ = 0, withinGroup_ = 0, rowInGroup_ = 0, group_ = 0;
+};
+
+/// Calls run(offset, length, channel) for consecutive runs of elements [first, first + count) that share a
+/// channel (ChannelRuns); offset is relative to `first`.
+template <typename Run>
+void forEachChannelRun(const ChannelIndexing& indexing, std::int64_t first, std::int64_t count, Run&& run) {
+  ChannelRuns runs(indexing, first, count);
+  std::int64_t offset = 0, length = 0, channel = 0;
+  while (runs.next(offset, length, channel)) run(offset, length, channel);
 }
 
 /// Multiplies every weight that feeds output channel o by scale[o], in place, so that the layer output channel o

@@ -678,8 +678,11 @@ class EqualizeLayers final : public Rule {
     if (links > 0) {
       for (const AffineLayer& layer : match->layers)
         match->weights.push_back({layer.layout, {}, layer.weight->dims(), weightReader(*layer.weight)});
-      noise = std::make_unique<kernels::ChainNoise>(match->weights);
-      match->scales = kernels::equalizeChain(*noise, std::vector<bool>(links, true));
+      const bool concurrent = context.options().concurrent;
+      noise = std::make_unique<kernels::ChainNoise>(match->weights, kernels::NoiseMeasure::Estimated, concurrent);
+      kernels::EqualizeSettings settings;
+      settings.concurrent = concurrent;
+      match->scales = kernels::equalizeChain(*noise, std::vector<bool>(links, true), settings);
       match->changed.assign(links, false);
       for (std::size_t k = 0; k < links; ++k) {
         const bool trivial = largestLogScale(match->scales.proposed[k]) < kTrivialLogScale;

@@ -366,6 +366,8 @@ def fold_many(models, *, out_dir=None, report_dir=None, in_place=False, backup_s
                              backup_suffix or "", opset)
 
     workers = min(jobs or os.cpu_count() or 1, len(planned))
+    if workers > 1:
+        options.concurrent = False  # the models already share the cores
     with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
         runs = list(pool.map(fold_one, planned))
     # Warnings and timings in input order, whatever order the threads finished in.

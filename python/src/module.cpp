@@ -317,7 +317,11 @@ PYBIND11_MODULE(_native, m) {
         py::arg("input_defaults_are_constant"), py::arg("freeze_train_bn"), py::arg("equalize"),
         py::arg("max_constant_size"),
         py::arg("verify"), py::arg("absorb_high_bias"), py::arg("relu6_to_relu"));
-  py::class_<bnfold::DriverOptions>(m, "DriverOptions", "Validated rule settings (from driver_options).");
+  py::class_<bnfold::DriverOptions>(m, "DriverOptions", "Validated rule settings (from driver_options).")
+      .def_property(
+          "concurrent", [](const bnfold::DriverOptions& options) { return options.ruleOptions.concurrent; },
+          [](bnfold::DriverOptions& options, bool concurrent) { options.ruleOptions.concurrent = concurrent; },
+          "Whether a rule may use a second thread (fold_many turns it off when it folds models at once).");
   m.def("fold_bytes", &foldBytes, py::arg("data"), py::arg("source_name"), py::arg("base_dir"), py::arg("output"),
         py::arg("report"), py::arg("options"), py::arg("dry_run"), py::arg("target_opset") = 0);
   m.def("fold_path", &foldPath, py::arg("input"), py::arg("output"), py::arg("report"), py::arg("dry_run"),

@@ -2,6 +2,7 @@
 // a triple's convergence to AIMET's closed form, the chain's output-referred noise and the choice it drives.
 
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <cmath>
 
 #include "kernels/equalize_math.h"
@@ -204,6 +205,33 @@ std::vector<std::vector<double>> referenceSweep(const std::vector<ChainLayer>& c
   return scales;
 }
 
+// Two noise models of one chain give the same per-layer noise and channel ranges, to the last bit.
+void checkSameFigures(const ChainNoise& first, const ChainNoise& second, std::size_t layers,
+                      const std::vector<std::vector<double>>& scales) {
+  CHECK(first.perLayer(scales) == second.perLayer(scales));
+  for (std::size_t k = 0; k < layers; ++k) {
+    INFO("layer " << k);
+    CHECK(first.outputRanges(k, scales) == second.outputRanges(k, scales));
+    CHECK(first.inputRanges(k, scales) == second.inputRanges(k, scales));
+  }
+}
+
+// The chain with each layer's weights read through a reader, as the rule reads them; `reads` (when given) counts
+// the reads, from any thread.
+std::vector<ChainLayer> readThrough(const std::vector<ChainLayer>& held, std::atomic<std::size_t>* reads = nullptr) {
+  std::vector<ChainLayer> read;
+  for (const ChainLayer& layer : held) {
+    ChainLayer viaReader = layer;
+    viaReader.weights.clear();
+    viaReader.read = [&layer, reads](std::int64_t first, std::int64_t count, double* out) {
+      if (reads) ++*reads;
+      std::copy_n(layer.weights.begin() + first, count, out);
+    };
+    read.push_back(std::move(viaReader));
+  }
+  return read;
+}
+
 }  // namespace
 
 TEST_CASE("equalize math: the sweep on channel-pair maxima gives the scales of rescaling the full weights",
@@ -219,7 +247,11 @@ TEST_CASE("equalize math: the sweep on channel-pair maxima gives the scales of r
   ChainLayer matmul{{WeightKind::MatMul, 1, false}, spreadWeights(5 * 3, 3, 1.1), {5, 3}};
   ChainLayer gemmColumns{{WeightKind::Gemm, 1, false}, spreadWeights(3 * 2, 2, 2.9), {3, 2}};
   const std::vector<ChainLayer> dense{gemmRows, matmul, gemmColumns};
-  for (const auto* chain : {&convs, &dense}) {
+  // 1x1 -> dense 3x3 -> 1x1, a bottleneck: the middle layer's pairs come row by row (LayerPairs::grid).
+  const std::vector<ChainLayer> bottleneck{conv(spreadWeights(7 * 5, 5, 0.6), {7, 5, 1, 1}),
+                                           conv(spreadWeights(6 * 7 * 9, 63, 1.7), {6, 7, 3, 3}),
+                                           conv(spreadWeights(4 * 6, 6, 2.6), {4, 6, 1, 1})};
+  for (const auto* chain : {&convs, &dense, &bottleneck}) {
     EqualizeSettings plain;
     plain.keepOnlyImproving = false;
     plain.tolerance = 0.0;
@@ -311,19 +343,28 @@ TEST_CASE("equalize math: the noise estimate ranks candidate scales as the exact
 
 TEST_CASE("equalize math: a chain's rescaled channel ranges equal those of the rescaled weights",
           "[equalize][kernels]") {
-  const std::vector<ChainLayer> chain{conv(spreadWeights(6 * 3 * 4, 12, 0.2), {6, 3, 2, 2}),
-                                      conv(spreadWeights(6 * 9, 9, 0.8), {6, 1, 3, 3}, 6),
-                                      conv(spreadWeights(4 * 6 * 4, 24, 1.5), {4, 6, 2, 2})};
-  const ChainNoise noise(chain);
-  const ChainScales chosen = equalizeChain(noise, {true, true});
-  for (const auto& scales : {chosen.scales, chosen.proposed})
-    for (std::size_t k = 0; k < chain.size(); ++k) {
-      INFO("layer " << k);
-      const std::vector<double> weights = equalizedWeights(chain, scales, k);
-      // To the last bit: the pairs' maxima are multiplied in the order the weights are.
-      CHECK(noise.outputRanges(k, scales) == outputChannelRanges(chain[k].layout, weights, chain[k].dims));
-      CHECK(noise.inputRanges(k, scales) == inputChannelRanges(chain[k].layout, weights, chain[k].dims));
-    }
+  const std::vector<ChainLayer> depthwise{conv(spreadWeights(6 * 3 * 4, 12, 0.2), {6, 3, 2, 2}),
+                                          conv(spreadWeights(6 * 9, 9, 0.8), {6, 1, 3, 3}, 6),
+                                          conv(spreadWeights(4 * 6 * 4, 24, 1.5), {4, 6, 2, 2})};
+  // A dense middle layer, whose pairs come row by row (LayerPairs::grid).
+  const std::vector<ChainLayer> dense{conv(spreadWeights(6 * 3 * 4, 12, 0.3), {6, 3, 2, 2}),
+                                      conv(spreadWeights(5 * 6 * 9, 54, 0.9), {5, 6, 3, 3}),
+                                      conv(spreadWeights(4 * 5 * 4, 20, 1.6), {4, 5, 2, 2})};
+  for (const auto* chain : {&depthwise, &dense}) {
+    const ChainNoise noise(*chain);
+    const ChainScales chosen = equalizeChain(noise, {true, true});
+    CHECK(chosen.kept == std::vector<bool>{true, true});
+    for (const auto& scales : {chosen.scales, chosen.proposed})
+      for (std::size_t k = 0; k < chain->size(); ++k) {
+        INFO((chain == &dense ? "dense" : "depthwise") << " middle, layer " << k);
+        const ChainLayer& layer = (*chain)[k];
+        const std::vector<double> weights = equalizedWeights(*chain, scales, k);
+        // To the last bit: the pairs' maxima are multiplied in the order the weights are.
+        CHECK(noise.outputRanges(k, scales) == outputChannelRanges(layer.layout, weights, layer.dims));
+        CHECK(noise.inputRanges(k, scales) == inputChannelRanges(layer.layout, weights, layer.dims));
+      }
+  }
+  const ChainNoise noise(depthwise);
   CHECK_THROWS_AS(noise.outputRanges(0, {}), std::invalid_argument);
 }
 
@@ -334,17 +375,8 @@ TEST_CASE("equalize math: a chain read through weight readers gives the figures 
   const std::vector<ChainLayer> held{conv(spreadWeights(96 * 100, 100, 0.4), {96, 25, 2, 2}),
                                      conv(spreadWeights(40 * 96 * 9, 9, 1.2), {40, 96, 3, 3}),
                                      conv(spreadWeights(300 * 40, 40, 2.1), {300, 40, 1, 1})};
-  std::vector<ChainLayer> read;
-  std::size_t reads = 0;
-  for (const ChainLayer& layer : held) {
-    ChainLayer viaReader = layer;
-    viaReader.weights.clear();
-    viaReader.read = [&layer, &reads](std::int64_t first, std::int64_t count, double* out) {
-      ++reads;
-      std::copy_n(layer.weights.begin() + first, count, out);
-    };
-    read.push_back(std::move(viaReader));
-  }
+  std::atomic<std::size_t> reads{0};
+  const std::vector<ChainLayer> read = readThrough(held, &reads);
   const ChainNoise fromHeld(held);
   const ChainNoise fromReader(read);
   CHECK(reads > held.size());  // read a piece at a time
@@ -352,16 +384,38 @@ TEST_CASE("equalize math: a chain read through weight readers gives the figures 
   CHECK(chosen.scales == equalizeChain(fromHeld, {true, true}).scales);
   CHECK(chosen.kept == std::vector<bool>{true, true});
   for (const auto& scales : {chosen.scales, chosen.proposed}) {
-    CHECK(fromReader.perLayer(scales) == fromHeld.perLayer(scales));
-    for (std::size_t k = 0; k < held.size(); ++k) {
-      INFO("layer " << k);
-      // The sides no link scales too (the first layer's inputs, the last one's outputs), read again when asked.
-      CHECK(fromReader.outputRanges(k, scales) == fromHeld.outputRanges(k, scales));
-      CHECK(fromReader.inputRanges(k, scales) == fromHeld.inputRanges(k, scales));
+    // The sides no link scales too (the first layer's inputs, the last one's outputs), read again when asked.
+    checkSameFigures(fromReader, fromHeld, held.size(), scales);
+    for (std::size_t k = 0; k < held.size(); ++k)
       CHECK(equalizedWeights(read, scales, k) == equalizedWeights(held, scales, k));
-    }
   }
   EqualizeSettings exact;
   exact.noise = NoiseMeasure::Exact;
   CHECK_THROWS_AS(equalizeChain(read, {true, true}, exact), std::invalid_argument);
+}
+
+TEST_CASE("equalize math: a large chain gives the same figures on two threads as on one", "[equalize][kernels]") {
+  // Large enough for both second-thread paths (the end layers read beside the middle one; the sweep beside AIMET's
+  // pass), read through readers as the rule reads weights.
+  const std::vector<ChainLayer> held{conv(spreadWeights(256 * 128, 128, 0.5), {256, 128, 1, 1}),
+                                     conv(spreadWeights(256 * 256 * 9, 256 * 9, 1.4), {256, 256, 3, 3}),
+                                     conv(spreadWeights(512 * 256, 256, 2.4), {512, 256, 1, 1})};
+  const std::vector<ChainLayer> read = readThrough(held);
+  EqualizeSettings oneThread;
+  oneThread.concurrent = false;
+  const ChainNoise alone(read, NoiseMeasure::Estimated, false);
+  const ChainNoise together(read, NoiseMeasure::Estimated, true);
+  const ChainScales one = equalizeChain(alone, {true, true}, oneThread);
+  const ChainScales two = equalizeChain(together, {true, true});
+  CHECK(two.scales == one.scales);
+  CHECK(two.proposed == one.proposed);
+  CHECK(two.power == one.power);
+  CHECK(two.kept == one.kept);
+  CHECK(two.method == one.method);
+  CHECK(two.sweeps == one.sweeps);
+  CHECK(two.noiseBefore == one.noiseBefore);
+  CHECK(two.noiseAfter == one.noiseAfter);
+  for (const auto& scales : {one.scales, one.proposed}) checkSameFigures(together, alone, held.size(), scales);
+  // And the figures of the weights held as doubles (no reader).
+  CHECK(equalizeChain(held, {true, true}).scales == one.scales);
 }

@@ -96,6 +96,9 @@ struct RuleOptions {
   /// Constant chains (Identity, Cast, Reshape, Add(var, eps), ... of constants) are evaluated for the rules only
   /// when no op's result is larger than this many bytes.
   int64_t maxConstantBytes = int64_t{64} << 20;
+  /// A rule may use a second thread for a large computation (equalize's analysis of a long chain); the batch
+  /// command turns this off when it folds several models at once.
+  bool concurrent = true;
 };
 
 class Rule;
