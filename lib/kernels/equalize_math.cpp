@@ -12,6 +12,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
 namespace bnfold::kernels {
 namespace {
@@ -103,6 +104,17 @@ void gridChannelRanges(const double* largest, std::size_t outs, std::size_t ins,
       ranges[o] = std::max(0.0, row.maxCoeff());
     else
       MutableArray(ranges, columns) = MutableArray(ranges, columns).max(row);
+  }
+}
+
+// work() started on a new thread, or an empty future when none can be started (a container's thread limit): the
+// caller then does the work itself.
+template <typename Work>
+auto onSecondThread(Work work) -> std::future<decltype(work())> {
+  try {
+    return std::async(std::launch::async, std::move(work));
+  } catch (const std::system_error&) {
+    return {};
   }
 }
 
@@ -329,7 +341,7 @@ struct ChainNoise::Model {
       std::int64_t endElements = shapes.front().count + shapes.back().count, middleElements = 0;
       for (std::size_t k = 1; k + 1 < layers.size(); ++k) middleElements += shapes[k].count;
       if (std::min(endElements, middleElements) >= kElementsWorthAThread)
-        ends = std::async(std::launch::async, [this] { summariseEnds(); });
+        ends = onSecondThread([this] { summariseEnds(); });
     }
     for (std::size_t k = 0; k < layers.size(); ++k) {
       const bool summarisedByChannel = byChannel && (k == 0 || k + 1 == layers.size());
@@ -1062,7 +1074,7 @@ ChainScales equalizeChain(const ChainNoise& noise, const std::vector<bool>& cand
   std::future<SweepChoice> sweepLater;
   if (settings.concurrent && model.worthAThread()) {
     model.prepareConcurrentNoise();
-    sweepLater = std::async(std::launch::async, chooseSweep);
+    sweepLater = onSecondThread(chooseSweep);
   }
   ChainScales result;
   for (std::size_t k = 0; k < layers.size(); ++k) result.noiseBefore += model.layerNoise(k, identity);
