@@ -6,6 +6,7 @@
 #include <exception>
 #include <mutex>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 
 #include "bnfold/error.h"
@@ -92,7 +93,19 @@ void runInParallel(std::size_t count, unsigned jobs, const std::function<void(st
     }
   };
   std::vector<std::thread> threads;
-  for (std::size_t t = 0; t < threadCount; ++t) threads.emplace_back(worker);
+  try {
+    for (std::size_t t = 0; t < threadCount; ++t) threads.emplace_back(worker);
+  } catch (const std::system_error&) {
+    // A process limit (a container's) allows fewer threads: those that started share the work, and with none the
+    // models are processed here, one after the other.
+    if (threads.empty()) {
+      for (std::size_t i = 0; i < count; ++i) {
+        work(i);
+        onFinished(i);
+      }
+      return;
+    }
+  }
   for (std::size_t reported = 0; reported < count; ++reported) {
     std::size_t item;
     {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Where no thread can start (a container's process limit), `fold --equalize` does the work of its second thread
-# itself and writes the same model as it does with threads. Usage: thread_limit_test.sh BNFOLD PYTHON
+# itself and writes the same model as it does with threads, and a batch (`fold DIR --out-dir`, `--jobs` from the
+# cores) folds its models one after the other. Usage: thread_limit_test.sh BNFOLD PYTHON
 # Needs root, to run bnfold as the user nobody under `ulimit -u 1`; else skipped (exit 77).
 set -euo pipefail
 bnfold=$1
@@ -44,9 +45,17 @@ grep -q '"layer2": "conv3"' "$work/threads.json" || { echo "FAIL: the chain was 
 su nobody -s /bin/bash -c "ulimit -u 1; ASAN_OPTIONS=detect_leaks=0 exec '$bnfold' fold '$work/chain.onnx' \
   -o '$work/limited.onnx' --equalize"
 cmp "$work/threads.onnx" "$work/limited.onnx"
+mkdir "$work/in" "$work/batch-threads" "$work/batch-limited"
+cp "$work/chain.onnx" "$work/in/a.onnx"
+cp "$work/chain.onnx" "$work/in/b.onnx"
+chmod -R a+rwX "$work"
+"$bnfold" fold "$work/in" --out-dir "$work/batch-threads" --jobs 2 --equalize -q
+su nobody -s /bin/bash -c "ulimit -u 1; ASAN_OPTIONS=detect_leaks=0 exec '$bnfold' fold '$work/in' \
+  --out-dir '$work/batch-limited' --jobs 2 --equalize -q"
+for model in a b; do cmp "$work/batch-threads/$model.onnx" "$work/batch-limited/$model.onnx"; done
 # The limit holds: a shell under it cannot start a second process.
 if su nobody -s /bin/bash -c "ulimit -u 1; /bin/true; exit 0" 2>/dev/null; then
   echo "FAIL: ulimit -u 1 did not stop a second process, so the test proves nothing"
   exit 1
 fi
-echo "ok: the same model with and without threads"
+echo "ok: the same models with and without threads"
