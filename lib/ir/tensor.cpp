@@ -282,6 +282,8 @@ void Tensor::validate(const std::string& file) const {
   if (!checkedProduct(count, static_cast<int64_t>(elementSize(type))))
     throw Error(file, what() + " has dims " + formatDims(proto_->dims(), ", ") + " whose size in bytes does not fit in 64 bits");
   if (isExternal()) {
+    // External data stands in for raw_data, which ONNX forbids for strings.
+    if (type == DataType::String) throw Error(file, what() + " is a string tensor stored as external data");
     ExternalDataRef ref;
     for (const auto& entry : proto_->external_data()) {
       if ((entry.key() == "offset" || entry.key() == "length") && !parseExternalNumber(entry.value()))
@@ -315,7 +317,7 @@ void Tensor::validate(const std::string& file) const {
     if (ref.offset < 0 || ref.offset > fileSize || length > available)
       throw Error(file, what() + " reads " + std::to_string(length) + " bytes from offset " + std::to_string(ref.offset) +
                             " of '" + ref.location + "', which has only " + std::to_string(fileSize) + " bytes");
-    if (type != DataType::String && length != expected)
+    if (length != expected)
       throw Error(file, what() + " has " + std::to_string(length) + " bytes of external data but its dims and type (" +
                             dataTypeName(type) + ") need " + std::to_string(expected));
     return;

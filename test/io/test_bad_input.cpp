@@ -161,6 +161,13 @@ TEST_CASE("external data that is missing or leaves the model's folder is refused
     writeFile(dir.file("model/m.onnx"), serialize(withExternalWeight("w.bin")));
     CHECK_THAT(expectRejected(dir, dir.file("model/m.onnx")), Catch::Contains("need 16"));
   }
+  SECTION("a string tensor (external data holds raw bytes, which strings cannot use); a fuzz finding") {
+    writeFile(dir.file("model/w.bin"), std::string(16, '\0'));
+    onnx::ModelProto proto = withExternalWeight("w.bin");
+    proto.mutable_graph()->mutable_initializer(0)->set_data_type(onnx::TensorProto::STRING);
+    writeFile(dir.file("model/m.onnx"), serialize(proto));
+    CHECK_THAT(expectRejected(dir, dir.file("model/m.onnx")), Catch::Contains("string tensor stored as external data"));
+  }
 }
 
 TEST_CASE("a folder given as the model is reported", "[io][bad-input]") {
