@@ -20,7 +20,7 @@ import dataclasses
 import os
 import sys
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from typing import Optional
 
 from . import _native
@@ -322,6 +322,43 @@ def _fold_planned(input_path, output, report_path, options, dry_run, in_place, b
     return FoldResult(input_path, output or None, status, report, written_report), result
 
 
+def _on_threads(work, items, workers):
+    """[work(item) for item in items], on up to `workers` threads. A thread that cannot start (a container's
+    process limit) leaves its share to those that did; with none, every item runs here, one after the other. Each
+    item runs once; the first exception is raised after all have finished."""
+    results = [None] * len(items)
+    errors = []
+    indices = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                index = next(indices, None)
+            if index is None:
+                return
+            try:
+                results[index] = work(items[index])
+            except BaseException as error:  # re-raised below, as ThreadPoolExecutor.map would
+                errors.append(error)
+
+    threads = []
+    for _ in range(workers if workers > 1 else 0):
+        thread = threading.Thread(target=worker, daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # "can't start new thread"
+            break
+        threads.append(thread)
+    if not threads:
+        worker()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
 def fold_many(models, *, out_dir=None, report_dir=None, in_place=False, backup_suffix=None, dry_run=False, jobs=0,
               rules="default", keep=(), keep_op=(), input_defaults_are_constant=False, freeze_train_bn=False,
               equalize=False, max_constant_size=64.0, verify=False, absorb_high_bias=False, relu6_to_relu=False, timings=False,
@@ -368,8 +405,7 @@ def fold_many(models, *, out_dir=None, report_dir=None, in_place=False, backup_s
     workers = min(jobs or os.cpu_count() or 1, len(planned))
     if workers > 1:
         options.concurrent = False  # the models already share the cores
-    with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
-        runs = list(pool.map(fold_one, planned))
+    runs = _on_threads(fold_one, planned, workers)
     # Warnings and timings in input order, whatever order the threads finished in.
     for result, native in runs:
         if native is None or result.status == "failed":

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Where no thread can start (a container's process limit), `fold --equalize` does the work of its second thread
 # itself and writes the same model as it does with threads, and a batch (`fold DIR --out-dir`, `--jobs` from the
-# cores) folds its models one after the other. Usage: thread_limit_test.sh BNFOLD PYTHON
+# cores) folds its models one after the other, as does bnfold.fold_many when given the Python package's folder.
+# Usage: thread_limit_test.sh BNFOLD PYTHON [PACKAGE_DIR]
 # Needs root, to run bnfold as the user nobody under `ulimit -u 1`; else skipped (exit 77).
 set -euo pipefail
 bnfold=$1
 python=$2
+package=${3:-}
 if [[ $(id -u) != 0 ]] || ! id nobody >/dev/null 2>&1; then
   echo "skipped: needs root and the user nobody"
   exit 77
@@ -53,6 +55,15 @@ chmod -R a+rwX "$work"
 su nobody -s /bin/bash -c "ulimit -u 1; ASAN_OPTIONS=detect_leaks=0 exec '$bnfold' fold '$work/in' \
   --out-dir '$work/batch-limited' --jobs 2 --equalize -q"
 for model in a b; do cmp "$work/batch-threads/$model.onnx" "$work/batch-limited/$model.onnx"; done
+if [[ -n "$package" ]]; then
+  mkdir "$work/py-limited"
+  chmod a+rwX "$work/py-limited"
+  fold_many="import bnfold, sys; r = bnfold.fold_many([sys.argv[1]], out_dir=sys.argv[2], jobs=2, equalize=True)
+assert all(result.ok for result in r), [result.error for result in r]"
+  su nobody -s /bin/bash -c "ulimit -u 1; PYTHONPATH='$package' exec '$python' -c '$fold_many' '$work/in' \
+    '$work/py-limited'"
+  for model in a b; do cmp "$work/batch-threads/$model.onnx" "$work/py-limited/$model.onnx"; done
+fi
 # The limit holds: a program under it cannot start a thread (bash would retry a fork for 15 s; Python fails at once).
 if su nobody -s /bin/bash -c "ulimit -u 1; exec '$python' -c 'import threading; threading.Thread().start()'" \
     2>/dev/null; then
