@@ -107,6 +107,31 @@ void gridChannelRanges(const double* largest, std::size_t outs, std::size_t ins,
   }
 }
 
+// The same for any layer's pairs, one pair at a time (std::max, so a NaN maximum stays out as before).
+std::vector<double> runChannelRanges(const LayerPairs& pairs, const std::vector<double>& largest,
+                                     const double* rowFactor, const double* columnFactor, bool byOutput) {
+  std::vector<double> ranges(byOutput ? pairs.outChannels : pairs.inChannels, 0.0);
+  for (std::size_t r = 0; r < largest.size(); ++r) {
+    double scaled = largest[r];
+    if (rowFactor) scaled *= rowFactor[pairs.out[r]];
+    if (columnFactor) scaled *= columnFactor[pairs.in[r]];
+    double& range = ranges[byOutput ? pairs.out[r] : pairs.in[r]];
+    range = std::max(range, scaled);
+  }
+  return ranges;
+}
+
+// Per-channel maxima of `largest` (one per pair of `pairs`) as gridChannelRanges defines them, row by row when the
+// pairs are a grid.
+std::vector<double> pairChannelRanges(const LayerPairs& pairs, const std::vector<double>& largest,
+                                      const double* rowFactor, const double* columnFactor, bool byOutput) {
+  if (!pairs.grid) return runChannelRanges(pairs, largest, rowFactor, columnFactor, byOutput);
+  std::vector<double> ranges(byOutput ? pairs.outChannels : pairs.inChannels);
+  gridChannelRanges(largest.data(), pairs.outChannels, pairs.inChannels, rowFactor, columnFactor, byOutput,
+                    ranges.data());
+  return ranges;
+}
+
 // work() started on a new thread, or an empty future when none can be started (a container's thread limit): the
 // caller then does the work itself.
 template <typename Work>
@@ -680,21 +705,8 @@ std::vector<double> rescaledRanges(const ChainNoise::Model& model, std::size_t k
     return ranges;
   }
   const LayerPairs& runs = model.fullPairs(k);
-  std::vector<double> ranges(byOutput ? runs.outChannels : runs.inChannels, 0.0);
-  if (runs.grid) {
-    gridChannelRanges(runs.largest.data(), runs.outChannels, runs.inChannels,
-                      last ? nullptr : outputInverse.data(), k > 0 ? scales[k - 1].data() : nullptr, byOutput,
-                      ranges.data());
-    return ranges;
-  }
-  for (std::size_t r = 0; r < runs.runs(); ++r) {
-    double largest = runs.largest[r];
-    if (!last) largest *= outputInverse[runs.out[r]];
-    if (k > 0) largest *= scales[k - 1][runs.in[r]];
-    double& range = ranges[byOutput ? runs.out[r] : runs.in[r]];
-    range = std::max(range, largest);
-  }
-  return ranges;
+  return pairChannelRanges(runs, runs.largest, last ? nullptr : outputInverse.data(),
+                           k > 0 ? scales[k - 1].data() : nullptr, byOutput);
 }
 
 }  // namespace
@@ -720,17 +732,8 @@ class SweptLayer {
   SweptLayer(const LayerPairs& pairs, bool inputScaled, bool outputScaled)
       : pairs_(pairs), bothScaled_(inputScaled && outputScaled) {
     if (bothScaled_) largest_ = pairs.largest;
-    if (pairs.grid) {
-      outRanges_.resize(pairs.outChannels);
-      inRanges_.resize(pairs.inChannels);
-      gridChannelRanges(pairs.largest.data(), pairs.outChannels, pairs.inChannels, nullptr, nullptr, true,
-                        outRanges_.data());
-      gridChannelRanges(pairs.largest.data(), pairs.outChannels, pairs.inChannels, nullptr, nullptr, false,
-                        inRanges_.data());
-      return;
-    }
-    outRanges_ = fromRuns(pairs.largest, pairs.out, pairs.outChannels);
-    inRanges_ = fromRuns(pairs.largest, pairs.in, pairs.inChannels);
+    outRanges_ = pairChannelRanges(pairs, pairs.largest, nullptr, nullptr, true);
+    inRanges_ = pairChannelRanges(pairs, pairs.largest, nullptr, nullptr, false);
   }
 
   // A layer scaled on one side, given as that side's channel ranges (the other side left empty).
@@ -745,13 +748,6 @@ class SweptLayer {
   void scaleInputs(const std::vector<double>& factor) { scale(factor, false); }
 
  private:
-  static std::vector<double> fromRuns(const std::vector<double>& largest, const std::vector<std::size_t>& channel,
-                                      std::size_t channels) {
-    std::vector<double> ranges(channels, 0.0);
-    for (std::size_t r = 0; r < largest.size(); ++r) ranges[channel[r]] = std::max(ranges[channel[r]], largest[r]);
-    return ranges;
-  }
-
   // The scaled side's ranges follow channel by channel (a positive factor keeps each channel's largest its
   // largest, and rounding is monotone); the pairs' maxima are rescaled, and the other side's ranges taken from
   // them, in one pass.
@@ -786,13 +782,10 @@ class SweptLayer {
     } else {
       const std::vector<std::size_t>& channel = outputs ? pairs_.out : pairs_.in;
       for (std::size_t r = 0; r < largest_.size(); ++r) largest_[r] *= factor[channel[r]];
-      if (outputs)
-        inRanges_ = fromRuns(largest_, pairs_.in, pairs_.inChannels);
-      else
-        outRanges_ = fromRuns(largest_, pairs_.out, pairs_.outChannels);
+      (outputs ? inRanges_ : outRanges_) = runChannelRanges(pairs_, largest_, nullptr, nullptr, !outputs);
     }
     // A zero, infinite or NaN factor breaks the channel-by-channel rule: that side from the pairs too.
-    if (!positive) scaledSide = fromRuns(largest_, outputs ? pairs_.out : pairs_.in, scaledSide.size());
+    if (!positive) scaledSide = runChannelRanges(pairs_, largest_, nullptr, nullptr, outputs);
   }
 
   const LayerPairs& pairs_;
