@@ -68,6 +68,11 @@ std::optional<AffineLayer> readAffineLayer(const Node& node, const RuleContext& 
     return fail(whyNot, reason::kUnsupportedWeightShape, "the weight of '" + node.name() + "' has dims " +
                                                         formatDims(dims) + ", which do not fit " + op +
                                                         " (group " + std::to_string(layer.layout.group) + ")");
+  // A weight without elements has nothing to rewrite, and its dims are not backed by data: a file may claim
+  // 2^56 channels for it, which per-channel vectors must never be sized by.
+  if (layer.weight->elementCount() == 0)
+    return fail(whyNot, reason::kUnsupportedWeightShape, "the weight of '" + node.name() + "' has dims " +
+                                                        formatDims(dims) + ": no elements");
   layer.outputChannels = *outputs;
   layer.inputChannels = *inputs;
 

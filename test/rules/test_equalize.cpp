@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "bnfold/rewrite/driver.h"
+#include "bnfold/rules/builtin_rules.h"
 #include "test_bn_fold_support.h"
 #include "test_support.h"
 
@@ -566,6 +567,31 @@ TEST_CASE("equalize blocker: an activation kept by the user", "[equalize]") {
   CHECK(report.rewriteCount() == 0);
   REQUIRE(section(report, "not_equalized").size() == 1);
   CHECK(section(report, "not_equalized")[0]["reason"] == "kept-by-user");
+}
+
+TEST_CASE("equalize blocker: weights without elements, whose dims claim 2^56 channels", "[equalize]") {
+  // Dims of a tensor without elements are not backed by data: per-channel vectors sized by them would ask for
+  // 2^59 bytes (a fuzz finding). Such a layer is left alone (unsupported-weight-shape), whichever rules run.
+  const std::string big = "72057594037927939";
+  const std::vector<std::pair<std::string, std::string>> chains = {
+      {"Gemm", "<float[" + big + ",0] w1 = {}, float[0," + big + "] w2 = {}>\n"
+               "{\n  c1 = Gemm <transB = 1> (x, w1)\n  r1 = Relu (c1)\n  y = Gemm <transB = 1> (r1, w2)\n}\n"},
+      {"MatMul", "<float[0," + big + "] w1 = {}, float[" + big + ",0] w2 = {}>\n"
+                 "{\n  c1 = MatMul (x, w1)\n  r1 = Relu (c1)\n  y = MatMul (r1, w2)\n}\n"},
+      {"Conv", "<float[" + big + ",0,1,1] w1 = {}, float[0," + big + ",1,1] w2 = {}>\n"
+               "{\n  c1 = Conv (x, w1)\n  r1 = Relu (c1)\n  y = Conv (r1, w2)\n}\n"}};
+  for (const auto& [op, body] : chains) {
+    INFO(op);
+    const std::string input = op == "Conv" ? "float[1,0,2,2] x" : "float[1,0] x";
+    for (const std::vector<std::string>& rules : {std::vector<std::string>{"equalize", "absorb-high-bias"},
+                                                  parseRuleSelection("all")}) {
+      auto model = parseModel(header() + "g (" + input + ") => (float y)\n" + body);
+      const std::string before = opSequence(model->graph());
+      const Report report = applyRules(*model, rules);
+      CHECK(report.rewriteCount() == 0);
+      CHECK(opSequence(model->graph()) == before);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
