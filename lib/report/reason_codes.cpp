@@ -11,7 +11,7 @@ const std::vector<ReasonCodeInfo>& reasonCodes() {
       {kAxesNotTrailing, "a decomposed norm reduces axes that are not its input's trailing ones (norm-fuse)"},
       {kBnHasOtherConsumers, "the BN's output is read by more than the one layer it would fold into (bn-forward)"},
       {kChannelAxisMismatch, "the BN's channel axis is not the layer's output-channel (or input-channel) axis"},
-      {kConstantTooLarge, "a constant chain's evaluation would exceed --max-constant-size"},
+      {kConstantTooLarge, "a constant chain's evaluation, or a constant a rule would write (norm-fuse's expanded scale or bias), would exceed --max-constant-size"},
       {kEmptyStatistics, "a training-mode BN with empty mean/var has no running statistics to freeze with"},
       {kEpsilonNotScalar, "the epsilon of a decomposed norm is not a single constant value (norm-fuse)"},
       {kExponentNotTwo, "the variance of a decomposed norm averages something other than a square (norm-fuse)"},

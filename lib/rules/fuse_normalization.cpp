@@ -479,6 +479,11 @@ class FuseNormalization final : public Rule {
                                           " is also read outside it (or is a graph output)");
       }
     }
+    // An absent scale is written as 1s, an absent GroupNorm bias as 0s (present ones readParam checked).
+    MatchFailure why;
+    if ((!chain->gamma.value && !paramConstantFits(*chain, "scale", where, context, &why)) ||
+        (chain->kind == NormKind::Group && !chain->beta.value && !paramConstantFits(*chain, "bias", where, context, &why)))
+      return MatchResult::failure(why.code, why.message);
 
     if (context.opset() < firstOpsetOf(chain->kind))
       return MatchResult::failure(reason::kNormOpNotInOpset,
@@ -709,9 +714,12 @@ class FuseNormalization final : public Rule {
     }
     param->value = value;
     param->usedAsIs = dims == chain.normalizedDims && chain.rank == 2;
-    const std::vector<double> values = tensor->toDoubles();
-    param->expanded.assign(static_cast<std::size_t>(channels), values[0]);
-    if (perChannel == channels) param->expanded = values;
+    if (perChannel == channels) {
+      param->expanded = tensor->toDoubles();
+      return true;
+    }
+    if (!paramConstantFits(chain, role, where, context, why)) return false;
+    param->expanded.assign(static_cast<std::size_t>(channels), tensor->toDoubles().at(0));
     return true;
   }
 
@@ -899,8 +907,24 @@ class FuseNormalization final : public Rule {
     }
     param->value = value;
     param->usedAsIs = dims == chain.normalizedDims;
-    if (!param->usedAsIs) param->expanded = broadcastTo(tensor->toDoubles(), aligned, chain.normalizedDims);
+    if (param->usedAsIs) return true;
+    if (!paramConstantFits(chain, role, where, context, why)) return false;
+    param->expanded = broadcastTo(tensor->toDoubles(), aligned, chain.normalizedDims);
     return true;
+  }
+
+  // A scale or bias the fused op cannot read as it is gets written as a new constant of the normalized dims. Those
+  // come from shapes, which a file may declare without any data behind them: the constant stays within
+  // --max-constant-size, as constant evaluation does.
+  static bool paramConstantFits(const NormChain& chain, const std::string& role, const std::string& where,
+                                const RuleContext& context, MatchFailure* why) {
+    const std::optional<int64_t> bytes =
+        checkedProduct(saturatingElementCount(chain.normalizedDims), static_cast<int64_t>(elementSize(chain.type)));
+    if (bytes && *bytes <= context.options().maxConstantBytes) return true;
+    *why = {reason::kConstantTooLarge, "the " + role + " of the norm at " + where + " would be written as a constant of dims " +
+                                           formatDims(chain.normalizedDims) + ", more than --max-constant-size (" +
+                                           std::to_string(context.options().maxConstantBytes) + " bytes)"};
+    return false;
   }
 
   // `values` of dims `from` (the same rank as `to`, each dim 1 or to's) repeated along its size-1 dims.

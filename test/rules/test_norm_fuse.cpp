@@ -504,6 +504,21 @@ TEST_CASE("norm-fuse: a chain that breaks a condition is left with its reason", 
     ln.outputType = "float[]";
     CHECK(reasonLeft(ln) == "rank-unknown");
   }
+  // Declared dims have no data behind them: expanding gamma and beta to them, or writing the ones of an absent
+  // gamma, would ask for 2^59 bytes.
+  const std::string hugeType = "float[2,4,72057594037927939]";
+  SECTION("gamma and beta of one value, expanded beyond --max-constant-size") {
+    ln.inputType = ln.outputType = hugeType;
+    ln.gammaDims = ln.betaDims = {1};
+    CHECK(reasonLeft(ln) == "constant-too-large");
+  }
+  SECTION("no gamma or beta, whose ones would exceed --max-constant-size") {
+    ln.inputType = ln.outputType = hugeType;
+    replaceLine(ln, "n =", {"y = Div (d, s)"});
+    replaceLine(ln, "g =", {});
+    replaceLine(ln, "y = Add", {});
+    CHECK(reasonLeft(ln) == "constant-too-large");
+  }
 }
 
 namespace {
@@ -624,6 +639,13 @@ TEST_CASE("norm-fuse: a GroupNorm that breaks a condition is left with its reaso
     gn.initializers = "int64[3] grouped = {2, 3, -1}, int64[4] back = {2, 8, 3, 3}, float[3] ones = {1, 1, 1}, "
                       "float[3] zeros = {0, 0, 0}";
     CHECK(reasonLeft(gn) == "not-a-norm-chain");
+  }
+  SECTION("one gamma and beta for 2^56 declared channels, expanded beyond --max-constant-size") {
+    gn.inputType = gn.outputType = "float[2,72057594037927938,3,3]";
+    gn.initializers = "int64[3] grouped = {2, 2, -1}, int64[4] back = {2, 72057594037927938, 3, 3}, "
+                      "float[2] ones = {1, 1}, float[2] zeros = {0, 0}";
+    gn.gammaDims = gn.betaDims = {};
+    CHECK(reasonLeft(gn) == "constant-too-large");
   }
 }
 
