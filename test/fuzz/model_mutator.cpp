@@ -246,7 +246,7 @@ class Mutator {
       TensorProto* tensor = anyInitializer(graph);
       if (!tensor) return false;
       std::vector<int64_t> dims = dimsOf(*tensor);
-      switch (below(5)) {
+      switch (below(6)) {
         case 0:  // any value in one dim: the loader must reject what does not match the bytes
           if (dims.empty()) dims.push_back(interestingInt());
           else pick(dims) = interestingInt();
@@ -267,8 +267,25 @@ class Mutator {
             dims.clear();
           }
           break;
-        default:
+        case 4:
           if (!dims.empty()) dims.pop_back();
+          break;
+        default: {
+          // No elements, so no data, and another dim that claims billions of channels: loads, and nothing may
+          // size a buffer by dims that no bytes back.
+          static const std::vector<int64_t> claimed = {int64_t{1} << 31, int64_t{1} << 40, (int64_t{1} << 56) + 3};
+          while (dims.size() < 2) dims.push_back(1);
+          const std::size_t empty = below(dims.size());
+          dims[empty] = 0;
+          dims[(empty + 1 + below(dims.size() - 1)) % dims.size()] = pick(claimed);
+          tensor->clear_raw_data();
+          tensor->clear_float_data();
+          tensor->clear_double_data();
+          tensor->clear_int32_data();
+          tensor->clear_int64_data();
+          tensor->clear_external_data();
+          tensor->set_data_location(TensorProto::DEFAULT);
+        }
       }
       setDims(*tensor, dims);
       return true;
