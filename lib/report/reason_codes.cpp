@@ -67,7 +67,7 @@ const std::vector<ReasonCodeInfo>& reasonCodes() {
       {kUnsupportedBiasShape, "the layer's bias does not fit its output channels"},
       {kUnsupportedOpset, "the model's opset (or an op's version) is outside what the rule knows"},
       {kUnsupportedType, "an element type other than float, double, float16 or bfloat16"},
-      {kUnsupportedWeightShape, "the layer's weight does not fit the layer (e.g. its group count)"},
+      {kUnsupportedWeightShape, "the layer's weight does not fit the layer (e.g. its group count), or has no elements"},
       {kWeightsNotConstant, "the layer's weight or bias is computed at run time"},
   };
   return codes;
