@@ -481,8 +481,9 @@ class FuseNormalization final : public Rule {
     }
     // An absent scale is written as 1s, an absent GroupNorm bias as 0s (present ones readParam checked).
     MatchFailure why;
+    const bool writesBias = chain->kind == NormKind::Group && !chain->beta.value;
     if ((!chain->gamma.value && !paramConstantFits(*chain, "scale", where, context, &why)) ||
-        (chain->kind == NormKind::Group && !chain->beta.value && !paramConstantFits(*chain, "bias", where, context, &why)))
+        (writesBias && !paramConstantFits(*chain, "bias", where, context, &why)))
       return MatchResult::failure(why.code, why.message);
 
     if (context.opset() < firstOpsetOf(chain->kind))
@@ -921,7 +922,8 @@ class FuseNormalization final : public Rule {
     const std::optional<int64_t> bytes =
         checkedProduct(saturatingElementCount(chain.normalizedDims), static_cast<int64_t>(elementSize(chain.type)));
     if (bytes && *bytes <= context.options().maxConstantBytes) return true;
-    *why = {reason::kConstantTooLarge, "the " + role + " of the norm at " + where + " would be written as a constant of dims " +
+    *why = {reason::kConstantTooLarge, "the " + role + " of the norm at " + where +
+                                           " would be written as a constant of dims " +
                                            formatDims(chain.normalizedDims) + ", more than --max-constant-size (" +
                                            std::to_string(context.options().maxConstantBytes) + " bytes)"};
     return false;
