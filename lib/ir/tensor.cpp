@@ -68,6 +68,17 @@ bool isFloatingPoint(DataType type) {
          type == DataType::BFloat16;
 }
 
+bool isIntegerType(DataType type) {
+  switch (type) {
+    case DataType::Int8: case DataType::Int16: case DataType::Int32: case DataType::Int64:
+    case DataType::UInt8: case DataType::UInt16: case DataType::UInt32: case DataType::UInt64:
+    case DataType::Bool:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void throwViewTypeMismatch(const Tensor& tensor, DataType requested) {
   throw std::invalid_argument("tensor '" + tensor.name() + "' holds " + dataTypeName(tensor.dataType()) +
                               ", not " + dataTypeName(requested));

@@ -41,17 +41,6 @@ bool isQuantizationOp(const std::string& op) {
          op.rfind("QLinear", 0) == 0;
 }
 
-bool isIntegerType(DataType type) {
-  switch (type) {
-    case DataType::Int8: case DataType::Int16: case DataType::Int32: case DataType::Int64:
-    case DataType::UInt8: case DataType::UInt16: case DataType::UInt32: case DataType::UInt64:
-    case DataType::Bool:
-      return true;
-    default:
-      return false;
-  }
-}
-
 bool isSupportedType(DataType type) { return isFloatingPoint(type) || isIntegerType(type); }
 
 /// An integer of `type` as stored: narrower types wrap, bool is 0 or 1.

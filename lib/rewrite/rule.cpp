@@ -72,6 +72,26 @@ MatchResult RuleContext::match(const Rule& rule, const Node& root) const {
 }
 
 const Tensor* RuleContext::constantOf(const Value* value, MatchFailure* whyNot) const {
+  const Tensor* tensor = anyConstantOf(value, whyNot);
+  if (!tensor || isFloatingPoint(tensor->dataType()) || isIntegerType(tensor->dataType())) return tensor;
+  // Strings, complex numbers, float8: no rule computes with them, and reading them as numbers would throw.
+  if (whyNot)
+    *whyNot = {reason::kUnsupportedType, "'" + value->name() + "' holds " + dataTypeName(tensor->dataType()) +
+                                             ", not real numbers"};
+  return nullptr;
+}
+
+std::optional<std::vector<int64_t>> RuleContext::integersOf(const Value* value, MatchFailure* whyNot) const {
+  const Tensor* tensor = constantOf(value, whyNot);
+  if (!tensor) return std::nullopt;
+  if (isIntegerType(tensor->dataType())) return tensor->toInt64s();
+  if (whyNot)
+    *whyNot = {reason::kUnsupportedType, "'" + value->name() + "' holds " + dataTypeName(tensor->dataType()) +
+                                             ", not integers"};
+  return std::nullopt;
+}
+
+const Tensor* RuleContext::anyConstantOf(const Value* value, MatchFailure* whyNot) const {
   auto fail = [&](ReasonCode code, std::string message) -> const Tensor* {
     if (whyNot) *whyNot = {code, std::move(message)};
     return nullptr;

@@ -282,9 +282,9 @@ bool isSpatialMean(const Node& node, int64_t rank, const RuleContext& context, b
   if (context.opset() < kReduceMeanAxesInputOpset) {
     axes = node.attributeInts("axes");
   } else if (node.inputs().size() > 1 && node.input(1)) {
-    const Tensor* tensor = context.constantOf(node.input(1));
-    if (!tensor) return false;
-    axes = tensor->toInt64s();
+    std::optional<std::vector<int64_t>> given = context.integersOf(node.input(1));
+    if (!given) return false;
+    axes = std::move(*given);
   }
   for (int64_t& axis : axes)
     if (axis < 0) axis += rank;

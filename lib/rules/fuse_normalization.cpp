@@ -847,12 +847,13 @@ class FuseNormalization final : public Rule {
     if (context.opset() < axesInputOpset) {
       axes = mean.attributeInts("axes");
     } else if (const Value* axesInput = mean.input(1)) {
-      const Tensor* tensor = context.constantOf(axesInput);
-      if (!tensor) {
-        *why = {reason::kOperandNotConstant, "the axes of " + describe(mean) + " are not constant"};
+      std::optional<std::vector<int64_t>> given = context.integersOf(axesInput, why);
+      if (!given) {
+        if (why->code != reason::kUnsupportedType)
+          *why = {reason::kOperandNotConstant, "the axes of " + describe(mean) + " are not constant"};
         return std::nullopt;
       }
-      axes = tensor->toInt64s();
+      axes = std::move(*given);
     }
     if (axes.empty()) {
       if (context.opset() >= axesInputOpset && mean.attributeInt("noop_with_empty_axes", 0) != 0) {

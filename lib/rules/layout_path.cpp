@@ -42,9 +42,7 @@ std::optional<std::vector<int64_t>> intsOperand(const Node& node, std::size_t sl
   if (context.opset() < inputOpset) return node.attributeInts(attribute);
   const Value* input = node.input(slot);
   if (!input) return std::vector<int64_t>{};
-  const Tensor* tensor = context.constantOf(input);
-  if (!tensor) return std::nullopt;
-  return tensor->toInt64s();
+  return context.integersOf(input);
 }
 
 /// Where a step that carries axes one to one (Transpose, Squeeze, Unsqueeze) puts input axis `axis`, or -1.
@@ -252,8 +250,8 @@ std::optional<int64_t> featuresPerChannel(const Node& source, const std::optiona
   if (flatten.isOnnxOp("Flatten")) {
     const int64_t axis = flatten.attributeInt("axis", 1);
     keepsBatch = axis == 1 || axis == 1 - static_cast<int64_t>(shape->size());
-  } else if (const Tensor* target = context.constantOf(flatten.input(1))) {
-    const std::vector<int64_t> dims = target->toInt64s();
+  } else if (const std::optional<std::vector<int64_t>> target = context.integersOf(flatten.input(1))) {
+    const std::vector<int64_t>& dims = *target;
     const bool allowZero = flatten.attributeInt("allowzero", 0) != 0;
     const bool copiesBatch =
         dims.size() == 2 &&

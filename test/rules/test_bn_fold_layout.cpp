@@ -101,6 +101,34 @@ TEST_CASE("bn-fold layout: MatMul -> Reshape -> BN becomes a Gemm with the bias"
   }
 }
 
+TEST_CASE("bn-fold layout: a Reshape whose target shape holds no integers is not followed", "[bn-fold][layout]") {
+  // Found by the graph fuzzer: a complex64 shape made the fold throw "cannot be read as numbers" (exit 2), and a
+  // float one was read as integers. Such a model is invalid (Reshape's shape is int64); the BN stays.
+  const std::string text = header(13) + "g (float[4,3] x) => (float[4,2,1,1] y)\n<" + weights("w", {3, 2}, 4) + ", " +
+                           params(2, 5) + ", int64[4] shp = {4, 2, 1, 1}" +
+                           ">\n{\n  c = MatMul (x, w)\n  r = Reshape (c, shp)\n"
+                           "  y = BatchNormalization <epsilon = 0.001> (r, s, b, m, v)\n}\n";
+  for (const int32_t type : {onnx::TensorProto::COMPLEX64, onnx::TensorProto::DOUBLE}) {
+    INFO(type);
+    onnx::ModelProto proto = parseModelProto(text);
+    for (onnx::TensorProto& tensor : *proto.mutable_graph()->mutable_initializer()) {
+      if (tensor.name() != "shp") continue;
+      // Same bytes (8 per element), another type.
+      std::string raw;
+      for (const int64_t dim : tensor.int64_data()) raw.append(reinterpret_cast<const char*>(&dim), sizeof dim);
+      tensor.clear_int64_data();
+      tensor.set_raw_data(raw);
+      tensor.set_data_type(type);
+    }
+    auto model = modelFromProto(std::move(proto), "<onnx text>", ".");
+    const Report report = applyRules(*model, {"bn-fold"});
+    INFO(report.dump());
+    CHECK(report.section("folds").empty());
+    CHECK(skipReason(report, "BatchNormalization_0") == "rank-unknown");
+    CHECK(opSequence(model->graph()) == "MatMul,Reshape,BatchNormalization");
+  }
+}
+
 TEST_CASE("bn-fold layout: MatMul [N,T,C] -> Transpose -> BN -> Transpose gets its bias in an Add", "[bn-fold][layout]") {
   auto model = parseModel(header(13) + "g (float[2,5,3] x) => (float[2,5,4] y)\n<" + weights("w", {3, 4}, 6) + ", " +
                           params(4, 7) +

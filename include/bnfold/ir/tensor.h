@@ -71,6 +71,8 @@ std::size_t elementSize(DataType type);
 std::string dataTypeName(DataType type);
 /// float, double, float16 or bfloat16.
 bool isFloatingPoint(DataType type);
+/// int8 to int64, uint8 to uint64, and bool.
+bool isIntegerType(DataType type);
 
 /// Where an externally stored tensor's bytes are, as declared by its `external_data` entries.
 struct ExternalDataRef {

@@ -125,6 +125,9 @@ class RuleContext {
   /// evaluated, and when the match that asked goes through match() below and succeeds, its result carries the
   /// tensor (MatchResult::evaluatedConstants). What was evaluated is forgotten once the model changes.
   const Tensor* constantOf(const Value* value, MatchFailure* whyNot = nullptr) const;
+  /// The values of an integer constant (axes, a shape): as constantOf, and also nullopt with `whyNot` when the
+  /// constant holds no integers (an invalid model: such an operand is int64).
+  std::optional<std::vector<int64_t>> integersOf(const Value* value, MatchFailure* whyNot = nullptr) const;
 
   /// Runs `rule`'s match at `root`; a successful result carries the constants the match evaluated.
   MatchResult match(const Rule& rule, const Node& root) const;
@@ -142,6 +145,9 @@ class RuleContext {
   void setStatistics(const PreActivationStatistics* statistics) { statistics_ = statistics; }
 
  private:
+  /// constantOf before its type check: a constant of any element type.
+  const Tensor* anyConstantOf(const Value* value, MatchFailure* whyNot) const;
+
   class Shapes;
   const Model& model_;
   const RuleOptions& options_;
