@@ -847,10 +847,12 @@ class FuseNormalization final : public Rule {
     if (context.opset() < axesInputOpset) {
       axes = mean.attributeInts("axes");
     } else if (const Value* axesInput = mean.input(1)) {
-      std::optional<std::vector<int64_t>> given = context.integersOf(axesInput, why);
+      MatchFailure notIntegers;
+      std::optional<std::vector<int64_t>> given = context.integersOf(axesInput, &notIntegers);
       if (!given) {
-        if (why->code != reason::kUnsupportedType)
-          *why = {reason::kOperandNotConstant, "the axes of " + describe(mean) + " are not constant"};
+        *why = notIntegers.code == reason::kUnsupportedType
+                   ? notIntegers
+                   : MatchFailure{reason::kOperandNotConstant, "the axes of " + describe(mean) + " are not constant"};
         return std::nullopt;
       }
       axes = std::move(*given);
