@@ -499,6 +499,13 @@ TEST_CASE("norm-fuse: a chain that breaks a condition is left with its reason", 
     ln.keepFloat = {};
     CHECK(reasonLeft(ln) == "unsupported-type");
   }
+  SECTION("axes given as floats (an invalid model: axes are int64)") {
+    ln.opset = 18;
+    ln.initializers = "float[1] axes = {-1}";
+    replaceLine(ln, "mean =", {"mean = ReduceMean (x, axes)"});
+    replaceLine(ln, "var =", {"var = ReduceMean (sq, axes)"});
+    CHECK(reasonLeft(ln) == "unsupported-type");
+  }
   SECTION("input rank unknown") {
     ln.inputType = "float[]";
     ln.outputType = "float[]";
