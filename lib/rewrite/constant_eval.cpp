@@ -205,9 +205,8 @@ struct NodeEvaluation {
 
   /// Every computed op checks its output's size before allocating it.
   std::optional<ResultPtr> tooLarge(DataType type, const Dims& dims) const {
-    const auto count = checkedElementCount(dims);
-    int64_t bytes = 0;
-    if (!count || __builtin_mul_overflow(*count, static_cast<int64_t>(elementSize(type)), &bytes) || bytes > byteLimit)
+    const std::optional<int64_t> bytes = checkedByteSize(type, dims);
+    if (!bytes || *bytes > byteLimit)
       return fail(reason::kConstantTooLarge, "would compute a tensor of dims " + formatDims(dims) +
                                                  ", more than the limit of " + std::to_string(byteLimit) +
                                                  " bytes for constant evaluation (--max-constant-size)");

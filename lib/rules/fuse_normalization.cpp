@@ -922,8 +922,7 @@ class FuseNormalization final : public Rule {
   // --max-constant-size, as constant evaluation does.
   static bool paramConstantFits(const NormChain& chain, const std::string& role, const std::string& where,
                                 const RuleContext& context, MatchFailure* why) {
-    const std::optional<int64_t> bytes =
-        checkedProduct(saturatingElementCount(chain.normalizedDims), static_cast<int64_t>(elementSize(chain.type)));
+    const std::optional<int64_t> bytes = checkedByteSize(chain.type, chain.normalizedDims);
     if (bytes && *bytes <= context.options().maxConstantBytes) return true;
     *why = {reason::kConstantTooLarge, "the " + role + " of the norm at " + where +
                                            " would be written as a constant of dims " +

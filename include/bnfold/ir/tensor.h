@@ -67,6 +67,13 @@ enum class DataType : int32_t {
 
 /// Bytes per element; 0 for String and Undefined (and for types this build does not know).
 std::size_t elementSize(DataType type);
+/// The bytes a tensor of `type` and `dims` holds, or nothing when a dim is unknown or the size does not fit in int64:
+/// for size limits on tensors about to be made, whose dims may come from a file's claims.
+template <typename Dims>
+std::optional<int64_t> checkedByteSize(DataType type, const Dims& dims) {
+  const std::optional<int64_t> count = checkedElementCount(dims);
+  return count ? checkedProduct(*count, static_cast<int64_t>(elementSize(type))) : std::nullopt;
+}
 /// The ONNX spelling ("float", "float16", ...).
 std::string dataTypeName(DataType type);
 /// float, double, float16 or bfloat16.
