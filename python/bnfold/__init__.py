@@ -223,7 +223,7 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
         name = _source_name(kind)
         result = _native.fold_bytes(data=source, source_name=name, base_dir=_base_dir(base_dir), output=output_path,
                                     report=report_path, options=options, dry_run=bool(dry_run),
-                                    target_opset=_target_opset(target_opset))
+                                    target_opset=_target_opset(target_opset), transient_model=kind == "proto")
         parsed = _finish(result, name)
         if dry_run:
             return None, parsed

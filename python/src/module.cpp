@@ -4,10 +4,14 @@
 // which as JSON text would cost more to print and parse than the fold).
 
 #include <Python.h>
+#include <sys/mman.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <exception>
 #include <set>
 #include <string>
@@ -53,6 +57,32 @@ auto withoutGil(Work&& work) -> decltype(work()) {
     throw PythonFailure{PythonFailure::Kind::Error, e.what()};
   }
 }
+
+/// A folded model's bytes on their way into a ModelProto, which copies them: memory of its own, in huge pages where
+/// the kernel grants them. A fresh 100 MB buffer of small pages spends most of its life in page faults (each first
+/// touch is a trap; on a VM a slow one), which made fold(ModelProto) cost more than the fold itself.
+class TransientBuffer {
+ public:
+  explicit TransientBuffer(std::size_t size) : size_(size), capacity_(std::max<std::size_t>(size, 1)) {
+    void* mapped = mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapped == MAP_FAILED) throw std::bad_alloc();
+    data_ = static_cast<char*>(mapped);
+#ifdef MADV_HUGEPAGE
+    madvise(mapped, capacity_, MADV_HUGEPAGE);  // advice only: where it is refused, small pages serve
+#endif
+  }
+  ~TransientBuffer() { munmap(data_, capacity_); }
+  TransientBuffer(const TransientBuffer&) = delete;
+  TransientBuffer& operator=(const TransientBuffer&) = delete;
+
+  char* data() { return data_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  std::size_t size_;
+  std::size_t capacity_;
+  char* data_ = nullptr;
+};
 
 /// The rule settings as the Python keywords give them (bnfold.fold documents each).
 bnfold::DriverOptions driverOptions(const std::string& rules, const std::vector<std::string>& keep,
@@ -123,13 +153,14 @@ py::dict runResult(const bnfold::Report& report, const bnfold::FoldRun& run) {
 /// and, when `output` is given, the model saved there as `bnfold fold -o` saves it.
 py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const std::string& baseDir,
                    const std::string& output, const std::string& reportPath, const bnfold::DriverOptions& options,
-                   bool dryRun, int64_t targetOpset) {
+                   bool dryRun, int64_t targetOpset, bool transientModel) {
   // Immutable, and kept alive by the caller while the GIL is released: the model borrows it, and is freed below.
   const std::string_view bytes = data;
   std::unique_ptr<bnfold::Model> model;
   bnfold::Report report;
   bnfold::FoldRun run;
   py::object modelBytes = py::none();
+  std::unique_ptr<TransientBuffer> transient;
   const bool writes = !dryRun && !output.empty();
   withoutGil([&] {
     // Bad destinations fail before any work, as in the CLI.
@@ -143,6 +174,10 @@ py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const s
     if (run.failedVerifications.empty() && !dryRun) {
       if (writes) bnfold::saveModel(*model, output);
       bnfold::serializeModel(*model, [&](std::size_t size) {
+        if (transientModel) {
+          transient = std::make_unique<TransientBuffer>(size);
+          return transient->data();
+        }
         py::gil_scoped_acquire acquire;
         PyObject* buffer = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(size));
         if (!buffer) throw py::error_already_set();
@@ -162,7 +197,7 @@ py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const s
     model.reset();  // frees the IR without the GIL
   });
   py::dict result = runResult(report, run);
-  result["model"] = modelBytes;
+  result["model"] = transient ? py::cast(std::move(transient)) : modelBytes;
   return result;
 }
 
@@ -317,13 +352,20 @@ PYBIND11_MODULE(_native, m) {
         py::arg("input_defaults_are_constant"), py::arg("freeze_train_bn"), py::arg("equalize"),
         py::arg("max_constant_size"),
         py::arg("verify"), py::arg("absorb_high_bias"), py::arg("relu6_to_relu"));
+  py::class_<TransientBuffer>(m, "TransientBuffer", py::buffer_protocol(),
+                              "A folded model's bytes, read-only, to be parsed into a ModelProto and dropped.")
+      .def_buffer([](TransientBuffer& buffer) {
+        return py::buffer_info(buffer.data(), 1, py::format_descriptor<unsigned char>::format(), 1,
+                               {static_cast<py::ssize_t>(buffer.size())}, {1}, /*readonly=*/true);
+      })
+      .def("__len__", &TransientBuffer::size);
   py::class_<bnfold::DriverOptions>(m, "DriverOptions", "Validated rule settings (from driver_options).")
       .def_property(
           "concurrent", [](const bnfold::DriverOptions& options) { return options.ruleOptions.concurrent; },
           [](bnfold::DriverOptions& options, bool concurrent) { options.ruleOptions.concurrent = concurrent; },
           "Whether a rule may use a second thread (fold_many turns it off when it folds models at once).");
   m.def("fold_bytes", &foldBytes, py::arg("data"), py::arg("source_name"), py::arg("base_dir"), py::arg("output"),
-        py::arg("report"), py::arg("options"), py::arg("dry_run"), py::arg("target_opset") = 0);
+        py::arg("report"), py::arg("options"), py::arg("dry_run"), py::arg("target_opset") = 0, py::arg("transient_model") = false);
   m.def("fold_path", &foldPath, py::arg("input"), py::arg("output"), py::arg("report"), py::arg("dry_run"),
         py::arg("in_place"), py::arg("backup_suffix"), py::arg("options"), py::arg("create_folders") = false,
         py::arg("target_opset") = 0);

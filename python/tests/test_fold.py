@@ -139,3 +139,22 @@ def test_target_opset_converts_first_and_reports_it(tmp_path):
         bnfold.fold(model, target_opset=13)
     with pytest.raises(bnfold.OptionError):
         bnfold.fold(model, target_opset="17")
+
+
+def test_a_model_proto_result_is_parsed_from_a_read_only_buffer_of_the_same_bytes():
+    # fold(ModelProto) takes the folded model as a TransientBuffer (memory the module maps for the parse), not as
+    # bytes; both must hold the same serialized model.
+    from bnfold import _native
+    data = sample("resnet_block.onnx").read_bytes()
+    options = _native.driver_options(rules="default", keep=[], keep_op=[], input_defaults_are_constant=False,
+                                     freeze_train_bn=False, equalize=False, absorb_high_bias=False,
+                                     relu6_to_relu=False, max_constant_size=1024.0, verify=False)
+    def fold_bytes(transient):
+        return _native.fold_bytes(data=data, source_name="<bytes>", base_dir=".", output="", report="",
+                                  options=options, dry_run=False, transient_model=transient)["model"]
+    as_bytes, as_buffer = fold_bytes(False), fold_bytes(True)
+    assert isinstance(as_bytes, bytes) and isinstance(as_buffer, _native.TransientBuffer)
+    view = memoryview(as_buffer)
+    assert view.readonly and len(as_buffer) == len(as_bytes) > 0
+    assert view.tobytes() == as_bytes
+    assert len(onnx.load_from_string(as_bytes).graph.node) < len(onnx.load_from_string(data).graph.node)
