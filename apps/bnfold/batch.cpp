@@ -5,6 +5,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
@@ -129,6 +130,8 @@ std::string currentErrorMessage(const std::string& path) {
     throw;
   } catch (const Error& e) {
     return e.file() == path ? e.problem() : e.what();
+  } catch (const std::bad_alloc&) {
+    return "out of memory (std::bad_alloc): the model needs more memory than this process may use";
   } catch (const std::exception& e) {
     return e.what();
   } catch (...) {

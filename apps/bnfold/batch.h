@@ -4,6 +4,7 @@
 // calling thread reports results in input order (so the output does not depend on --jobs).
 
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "bnfold/api/api.h"
 #include "bnfold/api/batch.h"
 #include "bnfold/check/fold.h"
+#include "bnfold/error.h"
 
 namespace bnfold::cli {
 
@@ -45,6 +47,20 @@ class InOrder {
 };
 
 /// The message of the exception being handled, without the file name when it is `path` (the caller prints it).
+/// std::bad_alloc says "out of memory".
 std::string currentErrorMessage(const std::string& path);
+
+/// Runs `work` on the model at `path`; an exception that is not a bnfold::Error (std::bad_alloc, ...) comes out as
+/// one that names the file, as every error of a model's run does.
+template <typename Work>
+auto namingFile(const std::string& path, Work&& work) -> decltype(work()) {
+  try {
+    return work();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception&) {
+    throw Error(path, currentErrorMessage(path));
+  }
+}
 
 }  // namespace bnfold::cli

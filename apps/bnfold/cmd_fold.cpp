@@ -131,7 +131,7 @@ int runSingle(const FoldOptions& options) {
   request.reportPath = options.report == "-" ? "" : options.report;
   request.dryRun = options.dryRun;
   request.targetOpset = options.ruleFlags.targetOpset;
-  FoldFileResult result = foldFile(request, driverOptions);
+  FoldFileResult result = namingFile(input, [&] { return foldFile(request, driverOptions); });
   noteRun(input, result);
   const Report& report = result.report;
   if (!result.run.failedVerifications.empty()) {

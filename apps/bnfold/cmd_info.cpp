@@ -156,10 +156,13 @@ CommandRunner addInfoCommand(CLI::App& app) {
     LoadOptions loadOptions;
     // --weights names unnamed nodes as fold does, so a layer keeps its name through the three states.
     loadOptions.nameUnnamedNodes = options->weights;
-    auto model = loadModel(options->model, loadOptions);
-    nlohmann::json info = describeModel(*model);
     std::optional<WeightQuantSummary> weights;
-    if (options->weights) weights = summarizeWeightQuant(*model, driverOptions);  // folds the model in memory
+    nlohmann::json info = namingFile(options->model, [&] {
+      auto model = loadModel(options->model, loadOptions);
+      nlohmann::json described = describeModel(*model);
+      if (options->weights) weights = summarizeWeightQuant(*model, driverOptions);  // folds the model in memory
+      return described;
+    });
     if (options->json) {
       if (weights) info["weights"] = weightQuantJson(*weights);
       std::cout << info.dump(2) << "\n";
