@@ -201,7 +201,8 @@ std::optional<std::vector<int64_t>> intsOperand(const Node& node, std::size_t sl
   const Value* input = node.input(slot);
   if (!input) return std::vector<int64_t>{};
   const Tensor* tensor = input->isGraphInput() ? nullptr : input->constantTensor();
-  if (!tensor || (tensor->dataType() != DataType::Int64 && tensor->dataType() != DataType::Int32)) return std::nullopt;
+  // As RuleContext::integersOf reads them: any integer type (the spec says int64); a float is not read as one.
+  if (!tensor || !isIntegerType(tensor->dataType())) return std::nullopt;
   return tensor->toInt64s();
 }
 

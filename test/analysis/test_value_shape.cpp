@@ -201,3 +201,17 @@ g (float[2,4,8] x) => (float[2,4,8] y)
   CHECK(shapeText(graph.findLocal("mixed")) == "[2,4,8]");
   CHECK(shapeText(graph.findLocal("ln")) == "[2,4,8]");
 }
+
+TEST_CASE("a Reshape's target shape is read from any integer constant, never from floats", "[shape]") {
+  // As RuleContext::integersOf (the rules' layout path) reads it, so rules and shapes agree on the same operand.
+  auto reshaped = [](const std::string& shapeConstant) {
+    auto model = parseModel("<ir_version: 8, opset_import: [\"\" : 15]>\ng (float[2,3,4] x) => (float[6,4] y)\n<" +
+                            shapeConstant + ">\n{\n  r = Reshape (x, shape)\n  y = Identity (r)\n}\n");
+    return shapeText(model->graph().findLocal("r"));
+  };
+  CHECK(reshaped("int64[2] shape = {6, -1}") == "[6,4]");
+  CHECK(reshaped("int32[2] shape = {6, -1}") == "[6,4]");
+  CHECK(reshaped("int8[2] shape = {-1, 4}") == "[6,4]");
+  CHECK(reshaped("float[2] shape = {6, -1}") == "unknown");
+  CHECK(reshaped("double[2] shape = {6, -1}") == "unknown");
+}
