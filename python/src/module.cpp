@@ -10,9 +10,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <new>
-#include <exception>
 #include <set>
 #include <string>
 #include <vector>
@@ -150,7 +150,8 @@ py::dict runResult(const bnfold::Report& report, const bnfold::FoldRun& run) {
 }
 
 /// Folds a serialized ModelProto; the result dict has "model" (bytes, or None when a rewrite failed verification)
-/// and, when `output` is given, the model saved there as `bnfold fold -o` saves it.
+/// and, when `output` is given, the model saved there as `bnfold fold -o` saves it. With `transientModel`, "model" is
+/// a TransientBuffer instead of bytes (for a caller that parses it into a ModelProto at once).
 py::dict foldBytes(const py::bytes& data, const std::string& sourceName, const std::string& baseDir,
                    const std::string& output, const std::string& reportPath, const bnfold::DriverOptions& options,
                    bool dryRun, int64_t targetOpset, bool transientModel) {
