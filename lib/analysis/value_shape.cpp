@@ -231,13 +231,29 @@ std::optional<Shape> reduceMeanShape(const Node& node, const InputShapes& in) {
   return out;
 }
 
+bool reshapeAllowsZero(const Node& node) { return node.attributeInt("allowzero", 0) != 0; }
+
+/// Whether a Reshape's output dims are its target's whatever its input: no 0 that copies an input dim, no -1 to infer.
+/// (A valid model's input then has as many elements; an invalid one's fails at run time, not here.)
+bool targetStandsAlone(const std::vector<int64_t>& target, bool allowZero) {
+  return std::none_of(target.begin(), target.end(), [&](int64_t d) { return d == -1 || (d == 0 && !allowZero); });
+}
+
+/// How many inputs a Reshape's shape reads: none when its target stands alone, so that a query stops there.
+std::size_t reshapeInputsRead(const Node& node) {
+  auto target = intsOperand(node, 1, "shape", kReshapeShapeInputOpset);
+  return target && targetStandsAlone(*target, reshapeAllowsZero(node)) ? 0 : 1;
+}
+
 std::optional<Shape> reshapeOutput(const Node& node, const InputShapes& in) {
   auto target = intsOperand(node, 1, "shape", kReshapeShapeInputOpset);
   if (!target) return std::nullopt;
-  // The output's rank is the target's: with the input unknown, a 0 or -1 leaves its dim unknown, the others are known.
-  const auto& input = in(0);
-  const Shape unknownInput = input ? Shape() : Shape(target->size(), kUnknownDim);
-  return shapeIfFormed(reshapeShape(input ? *input : unknownInput, *target, node.attributeInt("allowzero", 0) != 0));
+  const bool allowZero = reshapeAllowsZero(node);
+  // The output's rank is the target's: with the input unknown (or not read, when the target stands alone), a 0 or
+  // -1 leaves its dim unknown, the others are known.
+  const std::optional<Shape>* input = targetStandsAlone(*target, allowZero) ? nullptr : &in(0);
+  if (input && *input) return shapeIfFormed(reshapeShape(**input, *target, allowZero));
+  return shapeIfFormed(reshapeShape(Shape(target->size(), kUnknownDim), *target, allowZero));
 }
 
 std::optional<Shape> transposeOutput(const Node& node, const InputShapes& in) {
@@ -275,6 +291,10 @@ struct OpShapeRule {
   std::optional<Shape> (*shape)(const Node& producer, const InputShapes& in);
   std::optional<DataType> (*type)(const Node& producer, int depth);
   std::size_t shapeReadsInputs;  // the shape rule reads the shapes of inputs 0 .. shapeReadsInputs - 1
+  std::size_t (*inputsRead)(const Node& producer) = nullptr;  // fewer for this node, when set
+  std::size_t readsInputs(const Node& producer) const {
+    return inputsRead ? inputsRead(producer) : shapeReadsInputs;
+  }
 };
 
 /// Every op whose output shape is inferred, keyed by op type: adding an op is one entry.
@@ -287,7 +307,7 @@ const std::unordered_map<std::string, OpShapeRule>& shapeRules() {
         {"Gemm", {gemmShape, layerType, 2}},
         {"MatMul", {matMulShape, layerType, 2}},
         {"Flatten", {flattenOutput, sameTypeAsInput, 1}},
-        {"Reshape", {reshapeOutput, sameTypeAsInput, 1}},
+        {"Reshape", {reshapeOutput, sameTypeAsInput, 1, reshapeInputsRead}},
         {"Transpose", {transposeOutput, sameTypeAsInput, 1}},
         {"Squeeze", {squeezeOutput, sameTypeAsInput, 1}},
         {"Unsqueeze", {squeezeOutput, sameTypeAsInput, 1}},
@@ -377,7 +397,8 @@ class ShapeStore {
     const Node& producer = *value.producer();
     // The fact can change only with one more step than where an input's fact changes (bit N: at N steps left).
     uint64_t changes = uint64_t{1} << 1;
-    for (std::size_t slot = 0; slot < rule->shapeReadsInputs; ++slot) {
+    const std::size_t reads = rule->readsInputs(producer);
+    for (std::size_t slot = 0; slot < reads; ++slot) {
       const Value* input = producer.input(slot);
       if (!input) continue;
       for (const FactRun& run : factsOf(*input, stepsLeft - 1).runs)
@@ -397,7 +418,7 @@ class ShapeStore {
   /// with the declared shape: inference wins, the declared shape fills the dims it leaves unknown.
   Fact inferredFact(const Node& producer, const OpShapeRule& rule, const std::optional<Shape>& declared,
                     int inputStepsLeft) const {
-    InputShapes in(*this, producer, rule.shapeReadsInputs, inputStepsLeft);
+    InputShapes in(*this, producer, rule.readsInputs(producer), inputStepsLeft);
     auto inferred = rule.shape(producer, in);
     if (in.contradicted()) return {std::nullopt, true};
     if (!inferred) return {declared};

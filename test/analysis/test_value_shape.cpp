@@ -215,3 +215,40 @@ TEST_CASE("a Reshape's target shape is read from any integer constant, never fro
   CHECK(reshaped("float[2] shape = {6, -1}") == "unknown");
   CHECK(reshaped("double[2] shape = {6, -1}") == "unknown");
 }
+
+TEST_CASE("a Reshape whose target stands alone is known without its input, and a query stops there", "[shape]") {
+  // After 40 residual blocks the chain's end is beyond the depth bound (its shape unknown), yet a Reshape to
+  // explicit dims has those dims. A -1 or a copying 0 needs the input, and is unknown there; allowzero's 0 is a dim.
+  std::string text = residualChain(40);
+  const std::string tail = "  out = Identity (y40)\n}\n";
+  REQUIRE(text.find(tail) != std::string::npos);
+  text.replace(text.find(tail), tail.size(),
+               "  explicitDims = Reshape (y40, explicitTarget)\n  inferred = Reshape (y40, inferredTarget)\n"
+               "  copied = Reshape (y40, copiedTarget)\n  zero = Reshape <allowzero = 1> (y40, zeroTarget)\n"
+               "  out = Identity (y40)\n}\n");
+  const std::string targets = "<int64[2] explicitTarget = {2, 16}, int64[2] inferredTarget = {2, -1}, "
+                              "int64[2] copiedTarget = {0, 32}, int64[3] zeroTarget = {0, 4, 8}, ";
+  text.replace(text.find('<', text.find('\n') + 1), 1, targets);
+  auto model = parseModel(text);
+  CHECK(shapeText(model->graph().findLocal("y40")) == "unknown");
+  CHECK(shapeText(model->graph().findLocal("explicitDims")) == "[2,16]");
+  CHECK(shapeText(model->graph().findLocal("inferred")) == "[2,-1]");
+  CHECK(shapeText(model->graph().findLocal("copied")) == "[-1,32]");
+  CHECK(shapeText(model->graph().findLocal("zero")) == "[0,4,8]");
+
+  // Nor does a contradiction before it matter: whatever the model's declarations say of the input, a Reshape to
+  // explicit dims has those dims (a -1 still needs the input, and goes unknown with it).
+  auto contradicted = parseModel(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (float[1,2,4,4] x) => (float[1,32] out, float[1,32] inferred)
+<int64[2] explicitTarget = {1, 32}, int64[2] inferredTarget = {1, -1}, float[1,3,4,4] wrongDim>
+{
+  wrongDim = Relu (x)
+  out = Reshape (wrongDim, explicitTarget)
+  inferred = Reshape (wrongDim, inferredTarget)
+}
+)ONNX");
+  CHECK(shapeText(contradicted->graph().findLocal("wrongDim")) == "unknown");
+  CHECK(shapeText(contradicted->graph().findLocal("out")) == "[1,32]");
+  CHECK(shapeText(contradicted->graph().findLocal("inferred")) == "unknown");
+}
