@@ -12,6 +12,9 @@ namespace bnfold::verify {
 namespace {
 
 ConstantOperand operandOf(const Tensor& tensor) {
+  // Strings have no bytes to read as numbers: the interpreter refuses such a constant if the region computes with it
+  // (an invalid model's Mul of floats and strings), and the rewrite then "cannot be verified".
+  if (tensor.dataType() == DataType::String) return {tensor.dataType(), tensor.dims(), nullptr};
   return {tensor.dataType(), tensor.dims(), tensor.byteSource()};
 }
 

@@ -884,3 +884,25 @@ g (float[1,2,4,4] x) => (float[1,2,4,4] y)
     CHECK(found);
   }
 }
+
+TEST_CASE("verify: a region that reads a string constant cannot be verified, and the run goes on", "[verify]") {
+  // An invalid model: the statistic var is Mul(floats, strings), a chain the expanded training-mode BN no longer
+  // reads, so the rewrite erases it. Recording the erased Mul's "before" read the strings as numbers and threw out
+  // of the rewrite (the fuzzer's find); now the verdict says the original cannot be evaluated.
+  auto model = parseModel(R"(<ir_version: 8, opset_import: ["" : 15]>
+g (float[2,2,3,3] x, string[1] s) => (float[2,2,3,3] y, float[2] runningMean)
+<float[2] scale = {1.0, 2.0}, float[2] bias = {0.5, 0.0}, float[2] mean = {0.1, 0.2}, float[2] v = {1.0, 1.5},
+ string[1] s = {"a"}>
+{
+  var = Mul (v, s)
+  y, runningMean = BatchNormalization <training_mode = 1> (x, scale, bias, mean, var)
+}
+)");
+  Report report;
+  REQUIRE_NOTHROW(report = run(*model, {"train-bn-expand"}));
+  INFO(report.dump());
+  const json& verify = onlyEntry(report, "expanded")["verify"];
+  CHECK(verify["passed"] == false);
+  CHECK_THAT(verify["error"].get<std::string>(), Catch::Contains("constant of type string cannot be read"));
+  CHECK(report.json().at("verification")["failed"] == 1);
+}
