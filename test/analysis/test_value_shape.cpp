@@ -252,3 +252,33 @@ g (float[1,2,4,4] x) => (float[1,32] out, float[1,32] inferred)
   CHECK(shapeText(contradicted->graph().findLocal("out")) == "[1,32]");
   CHECK(shapeText(contradicted->graph().findLocal("inferred")) == "unknown");
 }
+
+TEST_CASE("remembered shapes: a new target for a Reshape that reads no input is seen after the change", "[shape]") {
+  // The Reshape's facts come from its target alone; setting another target must still reach what was inferred
+  // from them (b, out), as a fresh query would answer.
+  auto model = parseModel(R"ONNX(
+<ir_version: 8, opset_import: ["" : 15]>
+g (float[1,2,4,4] x) => (float[] out)
+<int64[2] target = {1, 32}, int64[2] other = {4, 8}, int64[2] inferred = {-1, 16}>
+{
+  a = Relu (x)
+  r = Reshape (a, target)
+  b = Relu (r)
+  out = Identity (b)
+}
+)ONNX");
+  const RuleOptions options;
+  const RuleContext context(*model, options);
+  Report report;
+  Rewriter rewriter(*model, report);
+  context.followChanges(rewriter);
+  const Node* reshape = model->graph().findLocal("r")->producer();
+  const Value* out = model->graph().findLocal("out");
+  CHECK(shapeText(context.knownShape(*out)) == "[1,32]");
+  rewriter.setInput(reshape, 1, model->graph().findLocal("other"));
+  CHECK(shapeText(context.knownShape(*out)) == "[4,8]");
+  rewriter.setInput(reshape, 1, model->graph().findLocal("inferred"));  // now the input is read: 32 / 16
+  CHECK(shapeText(context.knownShape(*out)) == "[2,16]");
+  CHECK(shapeText(out) == "[2,16]");
+  context.stopFollowing(rewriter);
+}
