@@ -55,6 +55,8 @@ class InputShapes {
   InputShapes(const ShapeStore& store, const Node& node, std::size_t readable, int stepsLeft)
       : store_(store), node_(node), readable_(readable), stepsLeft_(stepsLeft) {}
   const std::optional<Shape>& operator()(std::size_t slot) const;
+  /// Whether the rule may read input `slot` here (OpShapeRule::readsInputs).
+  bool reads(std::size_t slot) const { return slot < readable_; }
   /// Whether an input read so far was contradicted.
   bool contradicted() const { return contradicted_; }
 
@@ -251,8 +253,8 @@ std::optional<Shape> reshapeOutput(const Node& node, const InputShapes& in) {
   const bool allowZero = reshapeAllowsZero(node);
   // The output's rank is the target's: with the input unknown (or not read, when the target stands alone), a 0 or
   // -1 leaves its dim unknown, the others are known.
-  const std::optional<Shape>* input = targetStandsAlone(*target, allowZero) ? nullptr : &in(0);
-  if (input && *input) return shapeIfFormed(reshapeShape(**input, *target, allowZero));
+  if (in.reads(0))
+    if (const std::optional<Shape>& input = in(0)) return shapeIfFormed(reshapeShape(*input, *target, allowZero));
   return shapeIfFormed(reshapeShape(Shape(target->size(), kUnknownDim), *target, allowZero));
 }
 
@@ -406,7 +408,7 @@ class ShapeStore {
     }
     for (int steps = 1; steps <= stepsLeft; ++steps) {
       if (!(changes >> steps & 1)) continue;
-      Fact fact = inferredFact(producer, *rule, declared, steps - 1);
+      Fact fact = inferredFact(producer, *rule, reads, declared, steps - 1);
       if (!(fact == facts.runs.back().fact)) facts.runs.push_back({steps, std::move(fact)});
     }
     return facts;
@@ -414,11 +416,11 @@ class ShapeStore {
 
   static Facts everywhere(Fact fact) { return {kStepsAtQuery, {{0, std::move(fact)}}}; }
 
-  /// The fact the producer's rule gives its output from its inputs' facts with `inputStepsLeft` steps left, merged
-  /// with the declared shape: inference wins, the declared shape fills the dims it leaves unknown.
-  Fact inferredFact(const Node& producer, const OpShapeRule& rule, const std::optional<Shape>& declared,
-                    int inputStepsLeft) const {
-    InputShapes in(*this, producer, rule.readsInputs(producer), inputStepsLeft);
+  /// The fact the producer's rule gives its output from its first `reads` inputs' facts with `inputStepsLeft` steps
+  /// left, merged with the declared shape: inference wins, the declared shape fills the dims it leaves unknown.
+  Fact inferredFact(const Node& producer, const OpShapeRule& rule, std::size_t reads,
+                    const std::optional<Shape>& declared, int inputStepsLeft) const {
+    InputShapes in(*this, producer, reads, inputStepsLeft);
     auto inferred = rule.shape(producer, in);
     if (in.contradicted()) return {std::nullopt, true};
     if (!inferred) return {declared};
