@@ -75,7 +75,9 @@ void fold(Model& model, const DriverOptions& options, const FaultInjector& injec
     driverOptions.listeners.push_back(&verifier->recorder());
   }
   // What bn-fold learns of the layers' output channels serves the late rules (high-bias absorption).
-  PreActivationStatistics statistics;
+  const auto readsStatistics = [](const Rule* rule) { return rule->readsPreActivationStatistics(); };
+  PreActivationStatistics statistics(std::any_of(lateRules.begin(), lateRules.end(), readsStatistics) ||
+                                     std::any_of(rules.begin(), rules.end(), readsStatistics));
   driverOptions.statistics = &statistics;
   driveRules(model, rules, driverOptions, report);
   if (!lateRules.empty()) {

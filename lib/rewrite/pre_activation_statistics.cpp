@@ -8,6 +8,7 @@ const ChannelStatistics* PreActivationStatistics::find(const Node& layer) const 
 }
 
 void PreActivationStatistics::record(const Node& layer, ChannelStatistics statistics) {
+  if (!recording_) return;
   entries_[&layer] = std::move(statistics);
   if (inRewrite_) confirmed_.insert(&layer);
 }
@@ -54,7 +55,7 @@ void PreActivationStatistics::endRewrite() {
 }
 
 void PreActivationStatistics::nodeWillChange(const Node& node) {
-  if (!entries_.count(&node)) return;
+  if (entries_.empty() || !entries_.count(&node)) return;
   if (inRewrite_)
     changed_.insert(&node);
   else
@@ -62,6 +63,7 @@ void PreActivationStatistics::nodeWillChange(const Node& node) {
 }
 
 void PreActivationStatistics::nodeErased(const Node& node) {
+  if (entries_.empty()) return;
   entries_.erase(&node);
   changed_.erase(&node);
   confirmed_.erase(&node);

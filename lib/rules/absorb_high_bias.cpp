@@ -84,6 +84,7 @@ class AbsorbHighBias final : public Rule {
   std::vector<OpVersions> opVersions() const override { return joinOps(layerOps(), {kRelu}); }
   bool enabledByDefault() const override { return false; }
   bool runsAfterFixedPoint() const override { return true; }
+  bool readsPreActivationStatistics() const override { return true; }
   const char* failureSection() const override { return "high_bias_not_absorbed"; }
 
   MatchResult match(const Node& root, const RuleContext& context) const override {

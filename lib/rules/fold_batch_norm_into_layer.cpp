@@ -249,7 +249,8 @@ class FoldBatchNormIntoLayer final : public Rule {
         entry.setJson("channels", {part.begin, part.end});
       }
       const Node* layer = foldIntoLayer(rewriter, part, sliceOf(match.params.affine, part.begin, part.end), entry);
-      if (layer) rewriter.statistics().record(*layer, channelStatistics(match.params, part.begin, part.end, bn));
+      if (layer && rewriter.statistics().recording())
+        rewriter.statistics().record(*layer, channelStatistics(match.params, part.begin, part.end, bn));
       rewriter.record("folds", std::move(entry));
     }
     // The BN's input takes over Y's name; the BN and the constants only it read disappear.

@@ -28,6 +28,11 @@ struct ChannelStatistics {
 
 class PreActivationStatistics final : public RewriteListener {
  public:
+  /// Not `recording`: nothing is kept, find() answers null and the other calls do nothing (no enabled rule reads
+  /// the statistics, and keeping them costs a plain fold of a large model a few percent).
+  explicit PreActivationStatistics(bool recording = true) : recording_(recording) {}
+  bool recording() const { return recording_; }
+
   /// The statistics of `layer`'s output channels, or null when none are known (or they went stale).
   const ChannelStatistics* find(const Node& layer) const;
 
@@ -53,6 +58,7 @@ class PreActivationStatistics final : public RewriteListener {
 
  private:
   std::unordered_map<const Node*, ChannelStatistics> entries_;
+  bool recording_;
   bool inRewrite_ = false;
   std::unordered_set<const Node*> changed_;    // in this rewrite, with an entry
   std::unordered_set<const Node*> confirmed_;  // recorded or updated in this rewrite

@@ -179,6 +179,8 @@ class Rule {
   /// this: lib/check/fold.cpp runs each such rule in a driveRules of its own (in priority order) with
   /// RewriteDriverOptions::revisitTouched off.
   virtual bool runsAfterFixedPoint() const { return false; }
+  /// Reads RuleContext::statistics(): lib/check/fold.cpp records them only when an enabled rule does.
+  virtual bool readsPreActivationStatistics() const { return false; }
   /// The report section where lib/check/fold.cpp records this rule's match failures (those not quiet), one entry per
   /// node: {rule, node, op, reason, message}. Null: failures are not reported (BatchNormalization's go to `skipped`).
   virtual const char* failureSection() const { return nullptr; }
