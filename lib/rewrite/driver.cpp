@@ -13,12 +13,14 @@ namespace bnfold {
 
 namespace {
 
-using RulesByOp = std::unordered_map<std::string, std::vector<const Rule*>>;
+// Keyed by the model's interned op type (Model::internOpType), which every node's opType() is: a lookup per node
+// hashes a pointer, not the op's name.
+using RulesByOp = std::unordered_map<const std::string*, std::vector<const Rule*>>;
 
-RulesByOp bucketByRootOp(const std::vector<const Rule*>& rules) {
+RulesByOp bucketByRootOp(Model& model, const std::vector<const Rule*>& rules) {
   RulesByOp buckets;
   for (const Rule* rule : rules)
-    for (const std::string& op : rule->rootOps()) buckets[op].push_back(rule);
+    for (const std::string& op : rule->rootOps()) buckets[&model.internOpType(op)].push_back(rule);
   return buckets;
 }
 
@@ -38,11 +40,11 @@ class Driver final : public RewriteListener {
  public:
   Driver(Model& model, const std::vector<const Rule*>& rules, const RewriteDriverOptions& options, Report& report)
       : options_(options),
-        rulesByOp_(bucketByRootOp(rules)),
+        rulesByOp_(bucketByRootOp(model, rules)),
         opsetProblems_(opsetProblemsOf(rulesByOp_, model.opsetVersion(""))),
         context_(model, options.ruleOptions),
         roots_(rulesByOp_.empty() ? std::vector<Graph*>{} : model.allGraphs(),
-               [this](const Node& node) { return rulesByOp_.count(node.opType()) > 0; }),
+               [this](const Node& node) { return rulesByOp_.count(&node.opType()) > 0; }),
         rewriter_(model, report) {
     if (options.statistics) rewriter_.useStatistics(*options.statistics);
     context_.setStatistics(&rewriter_.statistics());
@@ -89,13 +91,13 @@ class Driver final : public RewriteListener {
 
   // Only nodes some chosen rule starts from go on the worklist: most nodes of a large graph are not one.
   void enqueue(Node* node) {
-    if (!node->isErased() && rulesByOp_.count(node->opType()) && !roots_.willYield(*node) && queued_.insert(node).second)
+    if (!node->isErased() && rulesByOp_.count(&node->opType()) && !roots_.willYield(*node) && queued_.insert(node).second)
       worklist_.push_back(node);
   }
 
   void visit(Node& node, bool fromScan) {
     if (node.isErased() || !node.isOnnxDomain()) return;
-    auto bucket = rulesByOp_.find(node.opType());
+    auto bucket = rulesByOp_.find(&node.opType());
     if (bucket == rulesByOp_.end()) return;
     failures_.clear();
     if (context_.isKept(node)) {

@@ -215,7 +215,7 @@ class FuseNormalization final : public Rule {
     // Div(1, s) is the reciprocal of a Mul form, whose Mul is the root.
     if (root.isOnnxOp("Div") && root.inputs().size() == 2) {
       sqrt = producerOp(root.input(1), "Sqrt");
-      if (sqrt && constantScalar(root.input(0), context)) return notNorm(root);
+      if (sqrt && constantScalar(root.input(0), context)) return notNorm();
       numerator = root.input(0);
     } else if (root.isOnnxOp("Mul") && root.inputs().size() == 2) {
       for (int slot = 0; slot < 2 && !sqrt; ++slot) {
@@ -231,9 +231,9 @@ class FuseNormalization final : public Rule {
         numerator = root.input(static_cast<std::size_t>(1 - slot));
       }
     }
-    if (!sqrt) return notNorm(root);
+    if (!sqrt) return notNorm();
     const Node* addEpsilon = producerOp(sqrt->input(0), "Add");
-    if (!addEpsilon || addEpsilon->inputs().size() != 2) return notNorm(root);
+    if (!addEpsilon || addEpsilon->inputs().size() != 2) return notNorm();
     std::optional<Mean> varianceMean = meanOf(addEpsilon->input(0), context);
     const Value* epsilonValue = addEpsilon->input(1);
     if (!varianceMean) {
@@ -258,7 +258,7 @@ class FuseNormalization final : public Rule {
       varianceMean = meanOf(difference->input(0), context);
       epsilonValue = addEpsilon->input(1 - slot);
     }
-    if (!varianceMean) return notNorm(root);
+    if (!varianceMean) return notNorm();
 
     // From here on the chain looks like a norm: every refusal is reported.
     const std::string where = describe(root);
@@ -286,7 +286,7 @@ class FuseNormalization final : public Rule {
     // s is the reciprocal itself, and the root the Mul(x, s); the Mul(mean, s) beside it is no root of its own.
     const bool kerasWithGamma = reciprocal && mean && context.constantOf(numerator);
     const bool kerasWithoutGamma = reciprocal && mean && numerator == mean->input;
-    if (reciprocal && mean && numerator == mean->output) return notNorm(root);
+    if (reciprocal && mean && numerator == mean->output) return notNorm();
     const bool kerasForm = kerasWithGamma || kerasWithoutGamma;
     KerasTail keras;
     if (kerasForm) {
@@ -771,8 +771,9 @@ class FuseNormalization final : public Rule {
     return tail->sum != nullptr;
   }
 
-  static MatchResult notNorm(const Node& root) {
-    return MatchResult::quietFailure(reason::kNotANormChain, describe(root) + " does not normalize by a square root of a mean");
+  // Most Div and Mul roots of a model end here: the quiet message names no node, which would cost a string per root.
+  static MatchResult notNorm() {
+    return MatchResult::quietFailure(reason::kNotANormChain, "no division by a square root of a mean");
   }
 
   // The axes `mean` averages over an input of `shape` (sorted, non-negative); a sum's n checked against the summed dims.
