@@ -908,17 +908,19 @@ Array<T> reduce(const Array<T>& x, const std::vector<int64_t>& axes, bool keepDi
       count *= kept[d];
       kept[d] = 1;
     }
-  // Accumulate in double (integers in int64) into the kept-dims layout, then divide.
-  using Acc = std::conditional_t<std::is_integral_v<T>, int64_t, double>;
-  std::vector<Acc> sums(static_cast<size_t>(elementCount(kept)), Acc(0));
-  const Dims zero(x.dims.size(), 0);
-  forEachIndex(x.dims, broadcastStrides(kept, x.dims), zero, 0, 0, [&](int64_t in, int64_t out, int64_t) {
-    sums[static_cast<size_t>(out)] += static_cast<Acc>(x.data[static_cast<size_t>(in)]);
-  });
+  // The output first: it refuses a size past kMaxElements, which an empty input reduced over its zero dim can ask
+  // for while the input itself holds nothing.
   Dims outDims;
   for (size_t d = 0; d < kept.size(); ++d)
     if (keepDims || !reduced[d]) outDims.push_back(kept[d]);
   Array<T> y = makeArray<T>(outDims);
+  // Accumulate in double (integers in int64) into the kept-dims layout, then divide.
+  using Acc = std::conditional_t<std::is_integral_v<T>, int64_t, double>;
+  std::vector<Acc> sums(y.data.size(), Acc(0));
+  const Dims zero(x.dims.size(), 0);
+  forEachIndex(x.dims, broadcastStrides(kept, x.dims), zero, 0, 0, [&](int64_t in, int64_t out, int64_t) {
+    sums[static_cast<size_t>(out)] += static_cast<Acc>(x.data[static_cast<size_t>(in)]);
+  });
   for (size_t i = 0; i < sums.size(); ++i) {
     if (!mean) {
       y.data[i] = static_cast<T>(sums[i]);
