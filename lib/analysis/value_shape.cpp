@@ -233,8 +233,6 @@ std::optional<Shape> reduceMeanShape(const Node& node, const InputShapes& in) {
   return out;
 }
 
-bool reshapeAllowsZero(const Node& node) { return node.attributeInt("allowzero", 0) != 0; }
-
 /// Whether a Reshape's output dims are its target's whatever its input: no 0 that copies an input dim, no -1 to infer.
 /// (A valid model's input then has as many elements; an invalid one's fails at run time, not here.)
 bool targetStandsAlone(const std::vector<int64_t>& target, bool allowZero) {
@@ -483,5 +481,7 @@ void ShapeFacts::clear() { store_->clear(); }
 std::optional<std::vector<int64_t>> knownShape(const Value& value) { return ShapeFacts().knownShape(value); }
 
 std::optional<DataType> knownElementType(const Value& value) { return typeOf(&value, 0); }
+
+bool reshapeAllowsZero(const Node& reshape) { return reshape.attributeInt("allowzero", 0) != 0; }
 
 }  // namespace bnfold::analysis

@@ -56,4 +56,8 @@ class ShapeFacts {
 /// The value's element type when it is known, else nullopt.
 std::optional<DataType> knownElementType(const Value& value);
 
+/// A Reshape's `allowzero` (opset 14; 0 when absent): whether a 0 in its target is a dim of 0 rather than a copy of
+/// the input's dim. For reshapeShape.
+bool reshapeAllowsZero(const Node& reshape);
+
 }  // namespace bnfold::analysis

@@ -3,6 +3,7 @@
 #include "understood_ops.h"
 
 #include "analysis/shape_ops.h"
+#include "analysis/value_shape.h"
 #include "bnfold/dims_text.h"
 
 #include <algorithm>
@@ -247,7 +248,7 @@ ResultPtr evaluateReshape(const NodeEvaluation& e) {
   if (auto fromInput = e.intsOf(1)) shape = *fromInput;
   else if (e.node.hasAttribute("shape")) shape = e.node.attributeInts("shape");
   else return e.unsupported("has no constant int64 shape");
-  return e.view(analysis::reshapeShape(e.x().dims, shape, e.node.attributeInt("allowzero", 0) != 0));
+  return e.view(analysis::reshapeShape(e.x().dims, shape, analysis::reshapeAllowsZero(e.node)));
 }
 
 ResultPtr evaluateSqueezeOrUnsqueeze(const NodeEvaluation& e) {

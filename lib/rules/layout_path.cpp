@@ -162,7 +162,7 @@ std::optional<AxisState> reshapeStep(const Node& node, const AxisState& in, int6
     return std::nullopt;
   }
   const analysis::OutputShape out =
-      analysis::reshapeShape(in.dims, *shape, node.attributeInt("allowzero", 0) != 0);
+      analysis::reshapeShape(in.dims, *shape, analysis::reshapeAllowsZero(node));
   if (!out.ok()) {
     *whyNot = unformedShape(node, out);
     return std::nullopt;
@@ -252,7 +252,7 @@ std::optional<int64_t> featuresPerChannel(const Node& source, const std::optiona
     keepsBatch = axis == 1 || axis == 1 - static_cast<int64_t>(shape->size());
   } else if (const std::optional<std::vector<int64_t>> target = context.integersOf(flatten.input(1))) {
     const std::vector<int64_t>& dims = *target;
-    const bool allowZero = flatten.attributeInt("allowzero", 0) != 0;
+    const bool allowZero = analysis::reshapeAllowsZero(flatten);
     const bool copiesBatch =
         dims.size() == 2 &&
         ((dims[0] == 0 && !allowZero) || ((*shape)[0] != analysis::kUnknownDim && dims[0] == (*shape)[0]));
