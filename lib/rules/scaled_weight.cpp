@@ -31,6 +31,11 @@ class ScaledChannelBytes final : public DeferredBytes {
 
   int64_t size() const override { return source_->size(); }
 
+  const std::shared_ptr<const DeferredBytes>& source() const { return source_; }
+  DataType type() const { return type_; }
+  const kernels::ChannelIndexing& indexing() const { return indexing_; }
+  const std::vector<double>& scale() const { return scale_; }
+
   void read(int64_t offset, int64_t length, char* out) const override {
     readWhole(*source_, elementBytes_, offset, length, out);
     const int64_t first = offset / elementBytes_;
@@ -60,6 +65,23 @@ class ScaledChannelBytes final : public DeferredBytes {
   std::vector<double> scale_;
 };
 
+// The factor of each element [first, first + count) under `indexing`, into out[0, count).
+void elementFactors(const kernels::ChannelIndexing& indexing, const std::vector<double>& factors, int64_t first,
+                    int64_t count, double* out) {
+  if (indexing.inner == 1) {
+    // Channels change every element (a dense layer's input side): a row's consecutive channels at a time.
+    for (int64_t i = first; i < first + count;) {
+      const int64_t run = std::min(indexing.perGroup - i % indexing.perGroup, first + count - i);
+      std::copy_n(factors.begin() + indexing.channel(i), run, out + (i - first));
+      i += run;
+    }
+    return;
+  }
+  kernels::forEachChannelRun(indexing, first, count, [&](int64_t at, int64_t run, int64_t channel) {
+    std::fill_n(out + at, run, factors[static_cast<std::size_t>(channel)]);
+  });
+}
+
 class ScaledBothSidesBytes final : public DeferredBytes {
  public:
   ScaledBothSidesBytes(std::shared_ptr<const DeferredBytes> source, DataType type, kernels::ChannelIndexing outIndexing,
@@ -74,6 +96,13 @@ class ScaledBothSidesBytes final : public DeferredBytes {
 
   int64_t size() const override { return source_->size(); }
 
+  const std::shared_ptr<const DeferredBytes>& source() const { return source_; }
+  DataType type() const { return type_; }
+  const kernels::ChannelIndexing& outIndexing() const { return outIndexing_; }
+  const kernels::ChannelIndexing& inIndexing() const { return inIndexing_; }
+  const std::vector<double>& outFactors() const { return outFactors_; }
+  const std::vector<double>& inFactors() const { return inFactors_; }
+
   void read(int64_t offset, int64_t length, char* out) const override {
     readWhole(*source_, elementBytes_, offset, length, out);
     // Each element's two factors, a block at a time.
@@ -83,12 +112,8 @@ class ScaledBothSidesBytes final : public DeferredBytes {
     const int64_t count = length / elementBytes_;
     for (int64_t done = 0; done < count; done += kBlock) {
       const int64_t block = std::min(kBlock, count - done);
-      kernels::forEachChannelRun(outIndexing_, first + done, block, [&](int64_t at, int64_t run, int64_t channel) {
-        std::fill_n(outFactor.begin() + at, run, outFactors_[static_cast<std::size_t>(channel)]);
-      });
-      kernels::forEachChannelRun(inIndexing_, first + done, block, [&](int64_t at, int64_t run, int64_t channel) {
-        std::fill_n(inFactor.begin() + at, run, inFactors_[static_cast<std::size_t>(channel)]);
-      });
+      elementFactors(outIndexing_, outFactors_, first + done, block, outFactor.data());
+      elementFactors(inIndexing_, inFactors_, first + done, block, inFactor.data());
       scaleElementsInPlace(type_, out + done * elementBytes_, block, outFactor.data(), inFactor.data());
     }
   }
@@ -145,11 +170,34 @@ kernels::WeightReader weightReader(const Tensor& weight) {
   };
 }
 
+namespace {
+
+bool sameIndexing(const kernels::ChannelIndexing& a, const kernels::ChannelIndexing& b) {
+  return a.inner == b.inner && a.perGroup == b.perGroup && a.rowsPerGroup == b.rowsPerGroup;
+}
+
+std::vector<double> times(std::vector<double> a, const std::vector<double>& b) {
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) a[i] *= b[i];
+  return a;
+}
+
+}  // namespace
+
+// A scaling of bytes that are themselves a scaling (a folded BN's, then equalize's) is one scaling of the bytes below:
+// one pass over the weight when it is read, and every factor applied in double before the one rounding.
 std::shared_ptr<const DeferredBytes> scaledBothSidesBytes(std::shared_ptr<const DeferredBytes> source, DataType type,
                                                           kernels::ChannelIndexing outputIndexing,
                                                           std::vector<double> outputFactors,
                                                           kernels::ChannelIndexing inputIndexing,
                                                           std::vector<double> inputFactors) {
+  if (const auto* scaled = dynamic_cast<const ScaledChannelBytes*>(source.get()); scaled && scaled->type() == type) {
+    if (sameIndexing(scaled->indexing(), outputIndexing))
+      return scaledBothSidesBytes(scaled->source(), type, outputIndexing, times(scaled->scale(), outputFactors),
+                                  inputIndexing, std::move(inputFactors));
+    if (sameIndexing(scaled->indexing(), inputIndexing))
+      return scaledBothSidesBytes(scaled->source(), type, outputIndexing, std::move(outputFactors), inputIndexing,
+                                  times(scaled->scale(), inputFactors));
+  }
   return std::make_shared<ScaledBothSidesBytes>(std::move(source), type, outputIndexing, std::move(outputFactors),
                                                 inputIndexing, std::move(inputFactors));
 }
@@ -157,6 +205,20 @@ std::shared_ptr<const DeferredBytes> scaledBothSidesBytes(std::shared_ptr<const 
 std::shared_ptr<const DeferredBytes> scaledChannelBytes(std::shared_ptr<const DeferredBytes> source, DataType type,
                                                         kernels::ChannelIndexing indexing,
                                                         std::vector<double> scale) {
+  if (const auto* scaled = dynamic_cast<const ScaledChannelBytes*>(source.get()); scaled && scaled->type() == type) {
+    if (sameIndexing(scaled->indexing(), indexing))
+      return scaledChannelBytes(scaled->source(), type, indexing, times(scaled->scale(), scale));
+    return scaledBothSidesBytes(scaled->source(), type, scaled->indexing(), scaled->scale(), indexing,
+                                std::move(scale));
+  }
+  if (const auto* both = dynamic_cast<const ScaledBothSidesBytes*>(source.get()); both && both->type() == type) {
+    if (sameIndexing(both->outIndexing(), indexing))
+      return scaledBothSidesBytes(both->source(), type, indexing, times(both->outFactors(), scale), both->inIndexing(),
+                                  both->inFactors());
+    if (sameIndexing(both->inIndexing(), indexing))
+      return scaledBothSidesBytes(both->source(), type, both->outIndexing(), both->outFactors(), indexing,
+                                  times(both->inFactors(), scale));
+  }
   return std::make_shared<ScaledChannelBytes>(std::move(source), type, indexing, std::move(scale));
 }
 

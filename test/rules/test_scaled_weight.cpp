@@ -1,8 +1,9 @@
 // Folded weights are computed when they are read or saved (lib/rules/scaled_weight): read in any chunking they
-// must give exactly the bytes of the eager computation (double products rounded once), and every save path —
-// spliced into the main graph, inline in a subgraph, streamed into external data — must write those bytes.
+// must give exactly the bytes of the eager computation (double products rounded once; a scaling of a scaling is
+// one), and every save path — spliced into the main graph, inline in a subgraph, streamed into external data —
+// must write those bytes.
 #include <catch2/catch.hpp>
-
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -24,6 +25,23 @@ std::string readAll(const DeferredBytes& bytes) {
   std::string out(static_cast<std::size_t>(bytes.size()), '\0');
   bytes.read(0, bytes.size(), out.data());
   return out;
+}
+
+/// The bytes of `values` rounded to `type`, or for double (where composed factors multiply in another order than
+/// one after the other) values within a few ulps of them.
+void checkRoundedOnce(const DeferredBytes& bytes, DataType type, const kernels::Dims& dims,
+                      const std::vector<double>& values) {
+  const std::string read = readAll(bytes);
+  if (type != DataType::Double) {
+    CHECK(read == std::string(Tensor::fromDoubles("e", type, dims, values).bytes()));
+    return;
+  }
+  REQUIRE(read.size() == values.size() * sizeof(double));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    double value = 0.0;
+    std::memcpy(&value, read.data() + i * sizeof(double), sizeof(double));
+    CHECK(value == Approx(values[i]).epsilon(1e-15));
+  }
 }
 
 }  // namespace
@@ -65,12 +83,32 @@ TEST_CASE("scaled weights read in any chunking equal the eager double computatio
           }
           REQUIRE(chunked == expected);
         }
-        // A fold of a fold (two BNs in a row) scales the already rounded values again.
+        // A scaling of a scaling (two BNs in a row, a fold then equalize) is one: both factors in double on the
+        // original values, rounded once.
         auto twice = rules::scaledChannelBytes(scaled, type, indexing, scale);
-        std::vector<double> twiceValues = Tensor::fromDoubles("e", type, dims, expectedValues).toDoubles();
+        std::vector<double> twiceValues = expectedValues;
         if (output) kernels::scaleOutputChannels(layout, twiceValues, dims, scale);
         else kernels::scaleInputChannels(layout, twiceValues, dims, scale);
-        CHECK(readAll(*twice) == std::string(Tensor::fromDoubles("e", type, dims, twiceValues).bytes()));
+        checkRoundedOnce(*twice, type, dims, twiceValues);
+        // And on the other side, then on both sides again: still one rounding of the product.
+        const auto otherIndexing =
+            output ? *kernels::inputChannelIndexing(layout, dims) : *kernels::outputChannelIndexing(layout, dims);
+        const auto otherChannels =
+            output ? *kernels::inputChannelCount(layout, dims) : *kernels::outputChannelCount(layout, dims);
+        const std::vector<double> other = sampleValues(static_cast<std::size_t>(otherChannels), 5.0, -2.0, 2.0);
+        auto sides = rules::scaledChannelBytes(twice, type, otherIndexing, other);
+        auto again = rules::scaledChannelBytes(sides, type, indexing, scale);
+        std::vector<double> sidesValues = twiceValues;
+        if (output)
+          kernels::scaleInputChannels(layout, sidesValues, dims, other);
+        else
+          kernels::scaleOutputChannels(layout, sidesValues, dims, other);
+        checkRoundedOnce(*sides, type, dims, sidesValues);
+        if (output)
+          kernels::scaleOutputChannels(layout, sidesValues, dims, scale);
+        else
+          kernels::scaleInputChannels(layout, sidesValues, dims, scale);
+        checkRoundedOnce(*again, type, dims, sidesValues);
         // Reads must fall on element boundaries.
         if (elementBytes > 1) CHECK_THROWS_AS(scaled->read(1, elementBytes, std::string(8, '\0').data()),
                                               std::invalid_argument);
