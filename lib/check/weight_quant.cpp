@@ -40,6 +40,18 @@ std::string readersText(const Node& node) {
 LayerLeftOff leftOffReason(const LayerWeightQuant& layer, const Node* node, const Report& report,
                            const RuleContext& context) {
   LayerLeftOff leftOff{layer.node, layer.op, layer.graph, layer.gapDb, "", ""};
+  // A layer that writes a residual stream has its pair link left (residual-add) and its output channels scaled
+  // with the stream's.
+  for (const auto& entry : report.section("equalized"))
+    if (stringField(entry, "link") == "residual")
+      for (const auto& producer : entry.value("producers", nlohmann::json::array()))
+        if (stringField(producer, "layer") == layer.node) {
+          leftOff.reason = kLeftOffEqualizedStillOff;
+          leftOff.message = "equalized with its residual stream (" +
+                            quoted(entry["residual_adds"][0].get<std::string>()) + "), still " +
+                            formatDecibels(layer.gapDb) + " dB below per channel";
+          return leftOff;
+        }
   for (const auto& entry : report.section("not_equalized"))
     if (stringField(entry, "node") == layer.node) {
       leftOff.reason = stringField(entry, "reason");

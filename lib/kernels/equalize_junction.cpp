@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
 namespace bnfold::kernels {
 namespace {
+
+// Below this many weights on either side, a thread costs more than it saves.
+constexpr double kElementsWorthAThread = 1 << 17;
 
 std::size_t outputCount(const ChainLayer& layer) {
   const auto count = outputChannelCount(layer.layout, layer.dims);
@@ -18,13 +23,6 @@ std::size_t inputCount(const ChainLayer& layer) {
   const auto count = inputChannelCount(layer.layout, layer.dims);
   if (!count) throw std::invalid_argument("equalizeJunction: a reader's dims do not fit its layout");
   return static_cast<std::size_t>(*count);
-}
-
-std::vector<double> blockExpanded(const std::vector<double>& perChannel, std::int64_t block) {
-  std::vector<double> out;
-  out.reserve(perChannel.size() * static_cast<std::size_t>(block));
-  for (double value : perChannel) out.insert(out.end(), static_cast<std::size_t>(block), value);
-  return out;
 }
 
 std::vector<double> inverse(const std::vector<double>& values) {
@@ -48,6 +46,13 @@ double readerError(const std::vector<JunctionReader>& readers, const std::vector
 }
 
 }  // namespace
+
+std::vector<double> blockExpanded(const std::vector<double>& perChannel, std::int64_t block) {
+  std::vector<double> out;
+  out.reserve(perChannel.size() * static_cast<std::size_t>(block));
+  for (double value : perChannel) out.insert(out.end(), static_cast<std::size_t>(block), value);
+  return out;
+}
 
 std::vector<double> junctionProducerRanges(const std::vector<JunctionProducer>& producers,
                                            const std::vector<std::vector<double>>& weights, std::size_t channels) {
@@ -120,10 +125,90 @@ JunctionScales equalizeJunction(const std::vector<JunctionProducer>& producers,
   for (std::size_t p = 0; p < producers.size(); ++p)
     producerWeights[p] = scaledProducerWeights(producers[p], result.scales);
   for (std::size_t r = 0; r < readers.size(); ++r) readerWeights[r] = scaledReaderWeights(readers[r], result.scales);
+  result.producerRangesAfter = junctionProducerRanges(producers, producerWeights, channels);
+  result.readerRangesAfter = junctionReaderRanges(readers, readerWeights, channels);
   result.producerErrorAfter = producerError(producers, producerWeights);
   result.readerErrorAfter = readerError(readers, readerWeights);
   result.improves = result.producerErrorAfter + result.readerErrorAfter <
                     result.producerErrorBefore + result.readerErrorBefore;
+  return result;
+}
+
+JunctionScales equalizeSummedJunction(const std::vector<ChainLayer>& producers,
+                                      const std::vector<JunctionReader>& readers, std::size_t channels,
+                                      bool concurrent) {
+  if (producers.empty() || readers.empty())
+    throw std::invalid_argument("equalizeSummedJunction: a junction needs a producer and a reader");
+  for (const ChainLayer& producer : producers)
+    if (outputCount(producer) != channels)
+      throw std::invalid_argument("equalizeSummedJunction: a producer does not write " + std::to_string(channels) +
+                                  " channels");
+  for (const JunctionReader& reader : readers)
+    if (reader.block < 1 || inputCount(reader.layer) != channels * static_cast<std::size_t>(reader.block))
+      throw std::invalid_argument("equalizeSummedJunction: a reader does not read " + std::to_string(channels) +
+                                  " channels of " + std::to_string(reader.block) + " inputs");
+  // The producers' summaries on a second thread while this one reads the readers', when both sides are large (the
+  // layers are different ones; a std::async future waits for its thread when destroyed, also when this one throws).
+  auto summariseProducers = [&producers] {
+    std::vector<ChannelSummary> summaries;
+    for (const ChainLayer& producer : producers) summaries.push_back(channelSummary(producer, true));
+    return summaries;
+  };
+  auto elementsOf = [](const ChainLayer& layer) {
+    double count = 1.0;
+    for (std::int64_t d : layer.dims) count *= static_cast<double>(d);
+    return count;
+  };
+  double producerElements = 0.0, readerElements = 0.0;
+  for (const ChainLayer& producer : producers) producerElements += elementsOf(producer);
+  for (const JunctionReader& reader : readers) readerElements += elementsOf(reader.layer);
+  std::future<std::vector<ChannelSummary>> producersLater;
+  if (concurrent && std::min(producerElements, readerElements) >= kElementsWorthAThread) {
+    try {
+      producersLater = std::async(std::launch::async, summariseProducers);
+    } catch (const std::system_error&) {
+      // No thread to be had (a container's limit): this one reads both.
+    }
+  }
+  std::vector<ChannelSummary> readerSummaries;
+  JunctionScales result;
+  result.producerRanges.assign(channels, 0.0);
+  result.readerRanges.assign(channels, 0.0);
+  for (const JunctionReader& reader : readers) {
+    readerSummaries.push_back(channelSummary(reader.layer, false));
+    const auto block = static_cast<std::size_t>(reader.block);
+    const std::vector<double>& largest = readerSummaries.back().largest;
+    for (std::size_t f = 0; f < largest.size(); ++f)
+      result.readerRanges[f / block] = std::max(result.readerRanges[f / block], largest[f]);
+  }
+  const std::vector<ChannelSummary> producerSummaries =
+      producersLater.valid() ? producersLater.get() : summariseProducers();
+  for (const ChannelSummary& summary : producerSummaries)
+    for (std::size_t i = 0; i < channels; ++i)
+      result.producerRanges[i] = std::max(result.producerRanges[i], summary.largest[i]);
+  result.scales.assign(channels, 1.0);
+  for (std::size_t i = 0; i < channels; ++i) {
+    const double r1 = result.producerRanges[i], r2 = result.readerRanges[i];
+    if (r1 > 0.0 && r2 > 0.0 && std::isfinite(r1) && std::isfinite(r2)) result.scales[i] = std::sqrt(r1 / r2);
+  }
+  const std::vector<double> inverseScales = inverse(result.scales);
+  result.producerRangesAfter.assign(channels, 0.0);
+  result.readerRangesAfter.assign(channels, 0.0);
+  for (std::size_t i = 0; i < channels; ++i) {
+    result.producerRangesAfter[i] = result.producerRanges[i] * inverseScales[i];
+    result.readerRangesAfter[i] = result.readerRanges[i] * result.scales[i];
+  }
+  for (const ChannelSummary& summary : producerSummaries) {
+    result.producerErrorBefore += estimatedChannelRelativeInt8Error(summary, {});
+    result.producerErrorAfter += estimatedChannelRelativeInt8Error(summary, inverseScales);
+  }
+  for (std::size_t r = 0; r < readers.size(); ++r) {
+    result.readerErrorBefore += estimatedChannelRelativeInt8Error(readerSummaries[r], {});
+    result.readerErrorAfter +=
+        estimatedChannelRelativeInt8Error(readerSummaries[r], blockExpanded(result.scales, readers[r].block));
+  }
+  result.improves =
+      result.producerErrorAfter + result.readerErrorAfter < result.producerErrorBefore + result.readerErrorBefore;
   return result;
 }
 

@@ -1,12 +1,14 @@
 // Cross-layer equalization where a link is not one layer to one layer: a junction of channels written by one or
-// more producer layers (the segments of a channel-axis Concat, or one layer) and read by one or more reader layers
+// more producer layers (the segments of a channel-axis Concat, one layer, or layers whose outputs are summed, each
+// writing every channel: a residual stream) and read by one or more reader layers
 // (a fan-out), each reader reading junction channel i as one input channel or as a block of consecutive input
 // features (a Flatten between a Conv and a Gemm: channel c is features [c*block, (c+1)*block)).
 //
 // One scale per junction channel: producer output channel i is divided by s_i and every reader's input channel
 // (block) i multiplied by s_i, which leaves the function unchanged for a positively homogeneous activation. With
 // r1_i = the producer's range of channel i and r2_i = the largest range of channel i over the readers,
-// s_i = sqrt(r1_i / r2_i) (1 when either is 0): the producer's range and the largest reader range become
+// s_i = sqrt(r1_i / r2_i) (1 when either is 0; r1_i the largest over the producers that write channel i): the
+// producers' largest range and the largest reader range become
 // sqrt(r1_i * r2_i); no reader's range of channel i exceeds it. For one producer and one reader this is the pair
 // formula of equalize_math.h. No IR types here (STYLE.md).
 #pragma once
@@ -36,6 +38,7 @@ struct JunctionScales {
   std::vector<double> scales;         ///< per junction channel
   std::vector<double> producerRanges; ///< r1 per junction channel, before
   std::vector<double> readerRanges;   ///< r2 (the largest over the readers) per junction channel, before
+  std::vector<double> producerRangesAfter, readerRangesAfter;  ///< the same with the scales applied
   double producerErrorBefore = 0.0, readerErrorBefore = 0.0;
   double producerErrorAfter = 0.0, readerErrorAfter = 0.0;
   /// The scales lower the summed int8 error of every weight they touch (channelRelativeInt8Error: the producers
@@ -47,6 +50,18 @@ struct JunctionScales {
 /// the producers do not cover [0, channels) exactly or a reader does not read channels * block inputs.
 JunctionScales equalizeJunction(const std::vector<JunctionProducer>& producers,
                                 const std::vector<JunctionReader>& readers, std::size_t channels);
+
+/// The scales of a residual stream: producers whose outputs are summed (each writes every channel, read through
+/// their readers), readers as for equalizeJunction. The same scales as equalizeJunction; the int8 errors are
+/// estimated from per-channel summaries (estimatedChannelRelativeInt8Error), so no weight is held whole. Throws
+/// std::invalid_argument as equalizeJunction does. `concurrent`: large producers are read on a second thread while
+/// this one reads the readers (their readers must allow that); the result is the same either way.
+JunctionScales equalizeSummedJunction(const std::vector<ChainLayer>& producers,
+                                      const std::vector<JunctionReader>& readers, std::size_t channels,
+                                      bool concurrent = true);
+
+/// Each junction channel's value repeated `block` times: a reader's per-input-channel factors.
+std::vector<double> blockExpanded(const std::vector<double>& perChannel, std::int64_t block);
 
 /// The producer's weights with its output channel j divided by scales[first + j].
 std::vector<double> scaledProducerWeights(const JunctionProducer& producer, const std::vector<double>& scales);

@@ -942,6 +942,63 @@ PoweredScales choosePowers(const NoiseModel& model, const std::vector<std::vecto
 
 }  // namespace
 
+ChannelSummary channelSummary(const ChainLayer& layer, bool byOutput) {
+  const LayerShape shape = layerShape(layer);
+  const ChannelIndexing& indexing = byOutput ? shape.out : shape.in;
+  const std::size_t channels = byOutput ? shape.outChannels : shape.inChannels;
+  ChannelGroups groups(channels);
+  WeightStream stream(layer, shape.count);
+  // Rows of one element per channel (a dense layer's input side): a loop over the row, no run per element.
+  const bool rows = indexing.inner == 1 && static_cast<std::size_t>(indexing.perGroup) == channels;
+  const std::int64_t piece =
+      rows ? std::max<std::int64_t>(indexing.perGroup, 8192 / indexing.perGroup * indexing.perGroup) : 8192;
+  for (std::int64_t first = 0; first < shape.count; first += piece) {
+    const std::int64_t count = std::min(piece, shape.count - first);
+    const double* weights = stream.span(first, count);
+    if (rows) {
+      for (std::int64_t row = 0; row < count; row += indexing.perGroup)
+        for (std::size_t c = 0; c < channels; ++c) {
+          const double w = weights[row + static_cast<std::int64_t>(c)];
+          const double magnitude = std::abs(w);
+          groups.largest[c] = groups.largest[c] < magnitude ? magnitude : groups.largest[c];
+          groups.squares[c] += w * w;
+        }
+      continue;
+    }
+    ChannelRuns runs(indexing, first, count);
+    std::int64_t offset = 0, length = 0, channel = 0;
+    while (runs.next(offset, length, channel)) {
+      double largest = 0.0, squares = 0.0;
+      for (std::int64_t e = offset; e < offset + length; ++e) {
+        const double magnitude = std::abs(weights[e]);
+        largest = largest < magnitude ? magnitude : largest;
+        squares += weights[e] * weights[e];
+      }
+      groups.add(static_cast<std::size_t>(channel), length, largest, squares);
+    }
+  }
+  if (rows) std::fill(groups.count.begin(), groups.count.end(), static_cast<double>(shape.count / indexing.perGroup));
+  return {std::move(groups.largest), std::move(groups.count), std::move(groups.squares)};
+}
+
+double estimatedChannelRelativeInt8Error(const ChannelSummary& summary, const std::vector<double>& factor) {
+  const std::size_t channels = summary.largest.size();
+  auto factorOf = [&](std::size_t c) { return factor.empty() ? 1.0 : factor[c]; };
+  double largest = 0.0;
+  for (std::size_t c = 0; c < channels; ++c) largest = std::max(largest, summary.largest[c] * factorOf(c));
+  if (largest == 0.0 || !std::isfinite(largest)) return 0.0;
+  const double halfStep = largest / 254.0;  // in the scaled coordinates; channel c's own is halfStep / factor
+  double sum = 0.0;
+  std::size_t counted = 0;
+  for (std::size_t c = 0; c < channels; ++c) {
+    if (!(summary.squares[c] > 0.0)) continue;
+    sum += groupRoundingNoise(summary.largest[c], summary.count[c], summary.squares[c], halfStep / factorOf(c)) /
+           summary.squares[c];
+    ++counted;
+  }
+  return counted ? sum / static_cast<double>(counted) : 0.0;
+}
+
 std::vector<double> outputChannelRanges(const WeightLayout& layout, const std::vector<double>& weights,
                                         const Dims& dims) {
   return channelRanges("outputChannelRanges", outputChannelIndexing(layout, dims), outputChannelCount(layout, dims),

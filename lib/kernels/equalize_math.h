@@ -48,6 +48,18 @@ struct ChainLayer {
   WeightReader read = nullptr;
 };
 
+/// Per channel of a layer on one side (its output channels, or its input channels): the largest |w|, the number of
+/// weights and their sum of squares. Read through the layer's reader a piece at a time when it has one.
+struct ChannelSummary {
+  std::vector<double> largest, count, squares;
+};
+ChannelSummary channelSummary(const ChainLayer& layer, bool byOutput);
+
+/// channelRelativeInt8Error estimated from a summary, with channel c multiplied by factor[c] (empty: 1): per channel,
+/// its rounding noise as estimatedChainInt8Noise estimates a group's, over its sum of squares; the mean over the
+/// channels that have weights.
+double estimatedChannelRelativeInt8Error(const ChannelSummary& summary, const std::vector<double>& factor);
+
 /// How a chain's noise is measured for choosing its scales.
 enum class NoiseMeasure {
   Exact,      ///< chainInt8Noise: every weight rounded (a reference, for tests)

@@ -6,6 +6,8 @@
 //                        Conv (P keeps dims) or Gemm | MatMul (through F, or P drops the spatial axes)    (pool)
 //                        Ya = La(C), Yb = Lb(C), C = Concat(A1(L1(X1)), A2(L2(X2)), ...) on the channel axis
 //                                                                                                    (concat)
+//                        a residual stream: S = A(L1(X1) + A(L2(X2) + ...)), the values Adds join (with Relus,
+//                        LeakyRelus on them) written by layers L1, L2, ... and read by layers La, Lb, ... (residual)
 // After:      Y = L2(A(L1(X, W1', B1')), W2', B2): the same graph with new weights and biases
 // Conditions: every layer readable as an affine layer (constant floating weight and bias, not kept); L1's output
 //             read only by A (or L2), A's only by L2 as its data input, neither a graph output; the channels
@@ -16,24 +18,31 @@
 //             axis known (their product is the block of G's input features per channel, layout_path.h). Concat:
 //             every input a layer's output (through its own activation) read only by the Concat, the axis the
 //             layers' channel axis, the Concat read only by layers (one or several) as their data input.
+//             Residual: every value of the stream produced by a layer (Conv/ConvTranspose, all of the same rank
+//             and channels), an Add or its activations, read only by those or by layers as their data input
+//             (directly or through a spatial mean / Flatten), none a graph output, opset >= 7; no layer both
+//             reads and writes it.
 // Math:       A(s z) = s A(z) for s > 0 (per-channel slopes stay with their channel), so with
 //             s_i = sqrt(r1_i / r2_i), r1_i = max|W1 feeding output channel i|, r2_i = max|W2 reading input
 //             channel i|: W1'[i] = W1[i] / s_i, B1'[i] = B1[i] / s_i, W2'[:, i] = W2[:, i] * s_i. A chain's
 //             scales are the sweep's or AIMET's one pass, each link's to a power in {0, 1/2, 1}, whichever
-//             has the least int8 weight noise referred to the chain's output (kernels/equalize_math.h). A junction takes one pass
-//             with r2_i the largest range of channel i over its readers (kernels/equalize_junction.h).
+//             has the least int8 weight noise referred to the chain's output (kernels/equalize_math.h). A junction
+//             takes one pass with r2_i the largest range of channel i over its readers (kernels/equalize_junction.h).
 //
 // Rooted at the first layer of a chain (a layer no link reaches), so one match sees the whole chain and its
 // rewrite writes every new weight once; a fan-out or Flatten after the chain's last layer belongs to that match
 // (the last layer's weights take both scales). A Concat junction is rooted at the Concat, which the driver visits
 // after its producers' chains and before its reader's, each match reading the weights as the rewrites before it
-// left them. The driver runs this rule after the fold rules' fixed point (Rule::runsAfterFixedPoint), so no
+// left them. A residual stream is rooted at its first Add (by node order), which reads the weights as the chains
+// before it left them; the chains after it read them as the stream left them. The driver runs this rule after the
+// fold rules' fixed point (Rule::runsAfterFixedPoint), so no
 // BatchNormalization a fold would remove is left between two layers.
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <unordered_set>
 #include <variant>
 
 #include "affine_layer.h"
@@ -247,8 +256,11 @@ struct JunctionReaderLayer {
   int64_t block = 1;
 };
 struct Junction {
-  const char* kind = "";  // fan-out | flatten | pool | concat
+  const char* kind = "";  // fan-out | flatten | pool | concat | residual
   const Node* concat = nullptr;
+  // A residual stream's Adds and the other nodes its rewrite must be checked with: the stream's activations and the
+  // nodes on the paths from its readers to its producers (unchanged).
+  std::vector<const Node*> adds, through;
   std::vector<JunctionProducerLayer> producers;
   std::vector<JunctionReaderLayer> readers;
   std::size_t channels = 0;
@@ -295,6 +307,72 @@ bool isSpatialMean(const Node& node, int64_t rank, const RuleContext& context, b
   return axes == spatial;
 }
 
+// How a reader of `value` (`first`'s channels, after its activation) takes a scale per channel on its input: a
+// layer reading it as its data input, directly, through a spatial mean, a Flatten/Reshape to features, or both.
+struct ReaderThrough {
+  std::optional<JunctionReaderLayer> reader;
+  std::optional<LinkProblem> problem;     // it reaches a layer that cannot take the scales
+  std::optional<LinkProblem> notReached;  // it reaches no layer (`via`: what `value` comes out of, for the message)
+};
+
+ReaderThrough readerThrough(const Use& use, const AffineLayer& first, const Value& value, const std::string& via,
+                            const RuleContext& context) {
+  ReaderThrough through;
+  const auto rank = static_cast<int64_t>(first.weight->dims().size());  // a spatial layer's output rank
+  const Node* reader = use.node;
+  JunctionReaderLayer read;
+  int slot = use.slot;
+  bool features = false;
+  std::optional<std::vector<int64_t>> pooledShape;  // what a Flatten after a spatial mean reads
+  bool keepsDims = true;
+  if (slot == 0 && first.isSpatial() && isSpatialMean(*reader, rank, context, &keepsDims)) {
+    read.pool = reader;
+    features = !keepsDims;
+    const auto shape = context.knownShape(*first.node->output(0));
+    pooledShape =
+        std::vector<int64_t>{shape && !shape->empty() ? shape->front() : analysis::kUnknownDim, first.outputChannels};
+    if (keepsDims) pooledShape->resize(static_cast<std::size_t>(rank), 1);
+    const Value* pooled = reader->output(0);
+    reader = pooled ? soleConsumer(*pooled, &slot) : nullptr;
+    if (!reader) {
+      through.notReached =
+          LinkProblem{pooled ? readersProblem(*pooled, read.pool->name())
+                             : failure(reason::kMissingOutput, "'" + read.pool->name() + "' has no output")};
+      return through;
+    }
+  }
+  if (slot == 0 && (reader->isOnnxOp("Flatten") || reader->isOnnxOp("Reshape")) && first.isSpatial()) {
+    const Value* flat = reader->output(0);
+    int afterSlot = 0;
+    const Node* after = flat ? soleConsumer(*flat, &afterSlot) : nullptr;
+    if (after && afterSlot == 0 && (after->isOnnxOp("Gemm") || after->isOnnxOp("MatMul"))) {
+      MatchFailure why;
+      auto block = read.pool ? featuresPerChannel(*first.node, pooledShape, *reader, context, &why)
+                             : featuresPerChannel(*first.node, {first.node->output(0), &value}, *reader, context, &why);
+      if (!block) {
+        through.problem = LinkProblem{why};
+        return through;
+      }
+      read.flatten = reader;
+      read.block = *block;
+      features = true;
+      reader = after;
+    }
+  }
+  if (!isAffineLayerOp(*reader) || slot != 0) {
+    through.notReached = LinkProblem{readersProblem(value, via)};
+    return through;
+  }
+  auto layer = readerLayer(*reader, first, read.block, features, context);
+  if (auto* problem = std::get_if<LinkProblem>(&layer)) {
+    through.problem = std::move(*problem);
+    return through;
+  }
+  read.layer = std::move(std::get<AffineLayer>(layer));
+  through.reader = std::move(read);
+  return through;
+}
+
 // The junction after `first` when its output (after its activation) is read by several layers, or through a
 // Flatten/Reshape or a spatial mean (then maybe a Flatten/Reshape) by a layer; nullopt when it is no such junction
 // (linkAfter's reason stands).
@@ -310,54 +388,14 @@ std::optional<std::variant<Junction, LinkProblem>> junctionAfter(const AffineLay
   junction.kind = fanOut ? "fan-out" : "flatten";
   junction.producers.push_back({first, carried.activation});
   junction.channels = static_cast<std::size_t>(first.outputChannels);
-  const auto rank = static_cast<int64_t>(first.weight->dims().size());  // a spatial layer's output rank
   for (const Use& use : value.uses()) {
-    const Node* reader = use.node;
-    JunctionReaderLayer read;
-    int slot = use.slot;
-    bool features = false;
-    std::optional<std::vector<int64_t>> pooledShape;  // what a Flatten after a spatial mean reads
-    bool keepsDims = true;
-    if (slot == 0 && first.isSpatial() && isSpatialMean(*reader, rank, context, &keepsDims)) {
-      read.pool = reader;
-      features = !keepsDims;
-      const auto shape = context.knownShape(*first.node->output(0));
-      pooledShape = std::vector<int64_t>{shape && !shape->empty() ? shape->front() : analysis::kUnknownDim,
-                                         first.outputChannels};
-      if (keepsDims) pooledShape->resize(static_cast<std::size_t>(rank), 1);
-      const Value* pooled = reader->output(0);
-      reader = pooled ? soleConsumer(*pooled, &slot) : nullptr;
-      if (!reader) {
-        if (!fanOut) return std::nullopt;
-        return std::variant<Junction, LinkProblem>{LinkProblem{
-            pooled ? readersProblem(*pooled, read.pool->name())
-                   : failure(reason::kMissingOutput, "'" + read.pool->name() + "' has no output")}};
-      }
-    }
-    if (slot == 0 && (reader->isOnnxOp("Flatten") || reader->isOnnxOp("Reshape")) && first.isSpatial()) {
-      const Value* flat = reader->output(0);
-      int afterSlot = 0;
-      const Node* after = flat ? soleConsumer(*flat, &afterSlot) : nullptr;
-      if (after && afterSlot == 0 && (after->isOnnxOp("Gemm") || after->isOnnxOp("MatMul"))) {
-        MatchFailure why;
-        auto block = read.pool
-                         ? featuresPerChannel(*first.node, pooledShape, *reader, context, &why)
-                         : featuresPerChannel(*first.node, {first.node->output(0), &value}, *reader, context, &why);
-        if (!block) return std::variant<Junction, LinkProblem>{LinkProblem{why}};
-        read.flatten = reader;
-        read.block = *block;
-        features = true;
-        reader = after;
-      }
-    }
-    if (!isAffineLayerOp(*reader) || slot != 0) {
+    ReaderThrough through = readerThrough(use, first, value, via, context);
+    if (through.problem) return std::variant<Junction, LinkProblem>{std::move(*through.problem)};
+    if (through.notReached) {
       if (!fanOut) return std::nullopt;
-      return std::variant<Junction, LinkProblem>{LinkProblem{readersProblem(value, via)}};
+      return std::variant<Junction, LinkProblem>{std::move(*through.notReached)};
     }
-    auto layer = readerLayer(*reader, first, read.block, features, context);
-    if (auto* problem = std::get_if<LinkProblem>(&layer)) return std::variant<Junction, LinkProblem>{*problem};
-    read.layer = std::move(std::get<AffineLayer>(layer));
-    junction.readers.push_back(std::move(read));
+    junction.readers.push_back(std::move(*through.reader));
   }
   const JunctionReaderLayer& sole = junction.readers.front();
   if (!fanOut && !sole.flatten && !sole.pool) return std::nullopt;  // a plain link
@@ -463,7 +501,7 @@ void equalizeJunction(Junction& junction, std::vector<std::vector<double>> produ
   for (std::size_t p = 0; p < junction.producers.size(); ++p) {
     const AffineLayer& layer = junction.producers[p].layer;
     junction.producerWeights.push_back({{layer.layout, std::move(producerWeights[p]), layer.weight->dims()}, first});
-    first += static_cast<std::size_t>(layer.outputChannels);
+    if (junction.adds.empty()) first += static_cast<std::size_t>(layer.outputChannels);  // a residual stream sums
   }
   for (const JunctionReaderLayer& reader : junction.readers)
     junction.readerWeights.push_back(
@@ -502,21 +540,40 @@ void divideOutputChannels(Rewriter& rewriter, const AffineLayer& layer, const st
   rewriter.statistics().divideChannels(*layer.node, scales);
 }
 
+// `layer`'s weight with its channels on one side multiplied by `factor`, computed when its bytes are read.
+Value* addScaledWeight(Rewriter& rewriter, const AffineLayer& layer, bool outputSide,
+                       const std::vector<double>& factor) {
+  const auto dims = layer.weight->dims();
+  // readAffineLayer checked that the dims fit the layout.
+  const auto indexing = outputSide ? *kernels::outputChannelIndexing(layer.layout, dims)
+                                   : *kernels::inputChannelIndexing(layer.layout, dims);
+  return rewriter.addInitializer(
+      *layer.node->graph(),
+      Tensor::deferred("", layer.type(), dims,
+                       scaledChannelBytes(layer.weight->byteSource(), layer.type(), indexing, factor)),
+      scaledWeightNameHint(layer, "_equalized"));
+}
+
 void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& rewriter) {
   const auto& s = junction.scales.scales;
+  // A residual stream's weights are written as they are read (equalizeResidual holds none of them whole).
+  const bool deferred = !junction.adds.empty();
   if (writeProducers)
     for (std::size_t p = 0; p < junction.producers.size(); ++p) {
       const AffineLayer& layer = junction.producers[p].layer;
-      Value* weight = addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(), junction.producersAfter[p],
-                                scaledWeightNameHint(layer, "_equalized"));
+      Value* weight = deferred ? addScaledWeight(rewriter, layer, true, inverseOf(s))
+                               : addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(),
+                                           junction.producersAfter[p], scaledWeightNameHint(layer, "_equalized"));
       rewriter.setInput(layer.node, 1, weight);
-      const auto first = s.begin() + static_cast<std::ptrdiff_t>(junction.producerWeights[p].first);
+      const auto first = s.begin() + static_cast<std::ptrdiff_t>(deferred ? 0 : junction.producerWeights[p].first);
       divideOutputChannels(rewriter, layer, std::vector<double>(first, first + layer.outputChannels));
     }
   for (std::size_t r = 0; r < junction.readers.size(); ++r) {
     const AffineLayer& layer = junction.readers[r].layer;
-    Value* weight = addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(), junction.readersAfter[r],
-                              scaledWeightNameHint(layer, "_equalized"));
+    Value* weight = deferred
+                        ? addScaledWeight(rewriter, layer, false, kernels::blockExpanded(s, junction.readers[r].block))
+                        : addTensor(rewriter, *layer.node, layer.type(), layer.weight->dims(), junction.readersAfter[r],
+                                    scaledWeightNameHint(layer, "_equalized"));
     rewriter.setInput(layer.node, 1, weight);
     rewriter.statistics().outputUnchanged(*layer.node);
     if (junction.readers[r].pool) rewriter.includeUnchanged(junction.readers[r].pool);
@@ -525,6 +582,11 @@ void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& re
   for (const auto& producer : junction.producers)
     if (producer.activation) rewriter.includeUnchanged(producer.activation);
   if (junction.concat) rewriter.includeUnchanged(junction.concat);
+  for (const Node* node : junction.adds) rewriter.includeUnchanged(node);
+  for (const Node* node : junction.through) {
+    rewriter.includeUnchanged(node);
+    rewriter.statistics().outputUnchanged(*node);
+  }
 
   nlohmann::json producers = nlohmann::json::array(), readers = nlohmann::json::array();
   for (const auto& producer : junction.producers)
@@ -544,34 +606,35 @@ void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& re
   const auto& numbers = junction.scales;
   const double before = numbers.producerErrorBefore + numbers.readerErrorBefore;
   const AffineLayer& first = junction.producers.front().layer;
-  rewriter.record(
-      "equalized",
-      {{"node", first.node->name()},
-       {"op", first.node->opType()},
-       {"layer1", first.node->name()},
-       {"layer2", junction.readers.front().layer.node->name()},
-       {"activation", producers[0]["activation"]},
-       {"link", junction.kind},
-       {"producers", producers},
-       {"readers", readers},
-       {"scales", jsonNumbers(s)},
-       {"ranges_before",
-        {{"layer1_output", jsonNumbers(numbers.producerRanges)}, {"layer2_input", jsonNumbers(numbers.readerRanges)}}},
-       {"ranges_after",
-        {{"layer1_output",
-          jsonNumbers(kernels::junctionProducerRanges(junction.producerWeights, junction.producersAfter, s.size()))},
-         {"layer2_input",
-          jsonNumbers(kernels::junctionReaderRanges(junction.readerWeights, junction.readersAfter, s.size()))}}},
-       {"quant_error_before",
-        {{"layer1", numbers.producerErrorBefore}, {"layer2", numbers.readerErrorBefore}, {"sum", before}}},
-       {"quant_error_after",
-        {{"layer1", numbers.producerErrorAfter},
-         {"layer2", numbers.readerErrorAfter},
-         {"sum", numbers.producerErrorAfter + numbers.readerErrorAfter}}},
-       {"quant_error_without_link", before},
-       {"chain_layers", junction.producers.size() + junction.readers.size()},
-       {"sweeps", 1},
-       {"converged", true}});
+  nlohmann::json adds = nlohmann::json::array();
+  for (const Node* add : junction.adds) adds.push_back(add->name());
+  nlohmann::json entry = {
+      {"node", first.node->name()},
+      {"op", first.node->opType()},
+      {"layer1", first.node->name()},
+      {"layer2", junction.readers.front().layer.node->name()},
+      {"activation", producers[0]["activation"]},
+      {"link", junction.kind},
+      {"producers", producers},
+      {"readers", readers},
+      {"scales", jsonNumbers(s)},
+      {"ranges_before",
+       {{"layer1_output", jsonNumbers(numbers.producerRanges)}, {"layer2_input", jsonNumbers(numbers.readerRanges)}}},
+      {"ranges_after",
+       {{"layer1_output", jsonNumbers(numbers.producerRangesAfter)},
+        {"layer2_input", jsonNumbers(numbers.readerRangesAfter)}}},
+      {"quant_error_before",
+       {{"layer1", numbers.producerErrorBefore}, {"layer2", numbers.readerErrorBefore}, {"sum", before}}},
+      {"quant_error_after",
+       {{"layer1", numbers.producerErrorAfter},
+        {"layer2", numbers.readerErrorAfter},
+        {"sum", numbers.producerErrorAfter + numbers.readerErrorAfter}}},
+      {"quant_error_without_link", before},
+      {"chain_layers", junction.producers.size() + junction.readers.size()},
+      {"sweeps", 1},
+      {"converged", true}};
+  if (!junction.adds.empty()) entry["residual_adds"] = adds;
+  rewriter.record("equalized", std::move(entry));
 }
 
 struct EqualizeMatch : Match {
@@ -583,7 +646,7 @@ struct EqualizeMatch : Match {
   std::vector<bool> changed;       // per link: kept and not trivial
   std::optional<LinkProblem> end;  // why the chain stops after its last layer
   std::optional<Junction> after;   // a fan-out or Flatten after the last layer
-  std::optional<Junction> concat;  // a match rooted at a Concat: this junction alone
+  std::optional<Junction> concat;  // a match rooted at a Concat (or an Add: its residual stream): this junction alone
   // The chain's output-referred int8 noise per layer (kernels::estimatedChainInt8Noise), as given and as written,
   // and per changed link its two layers' noise with every other link as written but this one left alone: what the
   // link had to beat. Empty for a match that is only a junction after one layer.
@@ -620,6 +683,213 @@ std::shared_ptr<const DeferredBytes> equalizedBytes(const AffineLayer& layer,
                               inputIndexing, applied[k - 1]);
 }
 
+// A residual stream: values that Adds join, with the Relus and LeakyRelus on them (each passes a positive scale of
+// its channels), written by layers (each output channel divided by s_i) and read by layers (each input channel
+// multiplied by s_i); the Adds then sum scaled values and the function is unchanged. One scale per channel for the
+// whole stream: every Add of it, the identity shortcuts included. (A MaxPool would pass the scales too, but
+// --verify has no MaxPool to check it with.)
+bool isStreamOp(const Node& node) {
+  return node.isOnnxOp("Add") || node.isOnnxOp("Relu") || node.isOnnxOp("LeakyRelu");
+}
+
+struct ResidualStream {
+  std::vector<const Node*> adds, ops;               // its Adds, and its activations
+  std::vector<const Node*> producers;               // the layers that write it
+  std::vector<std::pair<const Value*, Use>> reads;  // uses of its values by nodes that are not stream ops
+  const Value* graphOutput = nullptr;               // a value of it that is a graph output
+};
+
+// Whether an Add feeds `add` through at most Relus and LeakyRelus: `add` is then not where its stream starts.
+bool followsAnotherAdd(const Node& add) {
+  for (const Value* input : add.inputs()) {
+    const Node* producer = input ? input->producer() : nullptr;
+    while (producer && (producer->isOnnxOp("Relu") || producer->isOnnxOp("LeakyRelu")) && producer->input(0))
+      producer = producer->input(0)->producer();
+    if (producer && producer->isOnnxOp("Add")) return true;
+  }
+  return false;
+}
+
+// The stream `add` belongs to, or why it is no residual stream of layers.
+std::variant<ResidualStream, LinkProblem> residualStream(const Node& add, const RuleContext& context) {
+  ResidualStream stream;
+  std::unordered_set<const Node*> seenNodes{&add};
+  std::unordered_set<const Value*> seenValues;
+  std::vector<const Node*> pending{&add};
+  std::vector<const Value*> values;
+  std::optional<LinkProblem> problem;
+  auto visitValue = [&](const Value* value, const Node& from) {
+    if (problem) return;
+    if (!value) {
+      problem = LinkProblem{failure(reason::kMissingInput, "'" + from.name() + "' has an omitted input or output")};
+      return;
+    }
+    if (seenValues.insert(value).second) values.push_back(value);
+  };
+  while (!pending.empty() || !values.empty()) {
+    if (!pending.empty()) {
+      const Node* node = pending.back();
+      pending.pop_back();
+      if (node->graph() != add.graph())
+        return LinkProblem{failure(reason::kLayerInOtherGraph, "'" + node->name() + "' reads the residual stream of '" +
+                                                                   add.name() + "' from another graph")};
+      if (context.isKept(*node))
+        return LinkProblem{failure(reason::kKeptByUser, "'" + node->name() + "' is kept by --keep or --keep-op")};
+      const bool isAdd = node->isOnnxOp("Add");
+      if (isAdd && node->inputs().size() != 2)
+        return LinkProblem{failure(reason::kMissingInput, "'" + node->name() + "' does not have two inputs")};
+      if (node->outputs().size() != 1)
+        return LinkProblem{failure(reason::kReaderNotLayer,
+                                   "'" + node->name() + "' (" + node->opType() + ") has more than one output")};
+      (isAdd ? stream.adds : stream.ops).push_back(node);
+      for (std::size_t i = 0; i < (isAdd ? 2 : 1); ++i)
+        visitValue(node->inputs().size() > i ? node->input(i) : nullptr, *node);
+      visitValue(node->output(0), *node);
+      if (problem) return *problem;
+      continue;
+    }
+    const Value* value = values.back();
+    values.pop_back();
+    if (value->isGraphOutput() && !stream.graphOutput) stream.graphOutput = value;
+    const Node* producer = value->producer();
+    if (producer && isStreamOp(*producer)) {
+      if (seenNodes.insert(producer).second) pending.push_back(producer);
+    } else if (producer && isAffineLayerOp(*producer) && producer->output(0) == value) {
+      if (seenNodes.insert(producer).second) stream.producers.push_back(producer);
+    } else {
+      return LinkProblem{failure(reason::kNoFoldableProducer,
+                                 "'" + value->name() + "' of the residual stream of '" + add.name() + "' " +
+                                     (producer ? "comes from '" + producer->name() + "' (" + producer->opType() +
+                                                     "), not from a layer, Add, Relu or LeakyRelu"
+                                               : std::string("is a graph input or a constant")))};
+    }
+    for (const Use& use : value->uses()) {
+      if (isStreamOp(*use.node)) {
+        if (seenNodes.insert(use.node).second) pending.push_back(use.node);
+      } else {
+        stream.reads.emplace_back(value, use);
+      }
+    }
+  }
+  return stream;
+}
+
+// Why a stream value's reader does not take the stream's scales.
+LinkProblem streamReaderProblem(const Value& value, const Node& reader, const Node& add) {
+  if (isNonHomogeneousActivation(reader))
+    return LinkProblem{failure(reason::kNonHomogeneousActivation,
+                               "'" + reader.name() + "' (" + reader.opType() + ") reads '" + value.name() +
+                                   "' of the residual stream of '" + add.name() +
+                                   "' and is not positively homogeneous: a channel scale does not pass through it")};
+  return LinkProblem{
+      failure(reason::kReaderNotLayer, "'" + value.name() + "' of the residual stream of '" + add.name() +
+                                           "' is read by '" + reader.name() + "' (" + reader.opType() +
+                                           "), not as the data input of a Conv, ConvTranspose, Gemm or MatMul")};
+}
+
+// The nodes on a path from a reader's output to a producer's data input: unchanged, but inside what the rewrite
+// must be checked on (a bottleneck's middle layers, the activations between).
+std::vector<const Node*> nodesBetween(const Junction& junction, const ResidualStream& stream) {
+  std::unordered_set<const Node*> stop(stream.adds.begin(), stream.adds.end());
+  stop.insert(stream.ops.begin(), stream.ops.end());
+  for (const auto& producer : junction.producers) stop.insert(producer.layer.node);
+  for (const auto& reader : junction.readers)
+    for (const Node* node : {reader.layer.node, reader.pool, reader.flatten})
+      if (node) stop.insert(node);
+  // Nodes are in topological order: none after the last producer leads to one.
+  std::uint32_t lastProducer = 0;
+  for (const auto& producer : junction.producers) lastProducer = std::max(lastProducer, producer.layer.node->order());
+  std::unordered_set<const Node*> downstream;
+  std::vector<const Node*> work;
+  for (const auto& reader : junction.readers) work.push_back(reader.layer.node);
+  while (!work.empty()) {
+    const Node* node = work.back();
+    work.pop_back();
+    for (const Value* output : node->outputs())
+      if (output)
+        for (const Use& use : output->uses())
+          if (use.node->order() < lastProducer && !stop.count(use.node) && downstream.insert(use.node).second)
+            work.push_back(use.node);
+  }
+  std::vector<const Node*> between;
+  std::unordered_set<const Node*> seen;
+  for (const auto& producer : junction.producers) work.push_back(producer.layer.node);
+  while (!work.empty()) {
+    const Node* node = work.back();
+    work.pop_back();
+    for (const Value* input : node->inputs()) {
+      const Node* before = input ? input->producer() : nullptr;
+      if (before && downstream.count(before) && seen.insert(before).second) {
+        between.push_back(before);
+        work.push_back(before);
+      }
+    }
+  }
+  return between;
+}
+
+// A residual stream's scales, from its layers' weights read a piece at a time.
+void equalizeResidual(Junction& junction, bool concurrent) {
+  std::vector<kernels::ChainLayer> producers;
+  for (const auto& producer : junction.producers) {
+    const AffineLayer& layer = producer.layer;
+    producers.push_back({layer.layout, {}, layer.weight->dims(), weightReader(*layer.weight)});
+  }
+  std::vector<kernels::JunctionReader> readers;
+  for (const JunctionReaderLayer& reader : junction.readers) {
+    const AffineLayer& layer = reader.layer;
+    readers.push_back({{layer.layout, {}, layer.weight->dims(), weightReader(*layer.weight)}, reader.block});
+  }
+  junction.scales = kernels::equalizeSummedJunction(producers, readers, junction.channels, concurrent);
+  junction.trivial = largestLogScale(junction.scales.scales) < kTrivialLogScale;
+  junction.changed = junction.scales.improves && !junction.trivial;
+}
+
+// The residual stream `add` belongs to as a junction: its producers all write all its channels.
+std::variant<Junction, LinkProblem> residualJunction(const Node& add, const ResidualStream& stream,
+                                                     const RuleContext& context) {
+  if (stream.graphOutput)
+    return LinkProblem{failure(
+        reason::kLayerHasOtherConsumers,
+        "'" + stream.graphOutput->name() + "' of the residual stream of '" + add.name() + "' is a graph output")};
+  Junction junction;
+  junction.kind = "residual";
+  junction.adds = stream.adds;
+  for (const Node* node : stream.producers) {
+    if (isQuantized(node->input(1)))
+      return LinkProblem{
+          failure(reason::kQuantizedWeights, "the weight of '" + node->name() + "' comes from DequantizeLinear")};
+    MatchFailure why;
+    auto layer = readAffineLayer(*node, context, &why);
+    if (!layer) return LinkProblem{asLayerFailure(why)};
+    const AffineLayer* first = junction.producers.empty() ? nullptr : &junction.producers.front().layer;
+    if (!layer->isSpatial() || (first && (layer->outputChannels != first->outputChannels ||
+                                          layer->weight->dims().size() != first->weight->dims().size())))
+      return LinkProblem{failure(reason::kChannelAxisMismatch,
+                                 "the layers that write the residual stream of '" + add.name() +
+                                     "' are not all Conv or ConvTranspose of the same rank and channels")};
+    junction.producers.push_back({std::move(*layer), nullptr});
+  }
+  const AffineLayer& first = junction.producers.front().layer;
+  junction.channels = static_cast<std::size_t>(first.outputChannels);
+  for (const auto& [value, use] : stream.reads) {
+    if (std::find(stream.producers.begin(), stream.producers.end(), use.node) != stream.producers.end())
+      return LinkProblem{
+          failure(reason::kReaderNotLayer,
+                  "'" + use.node->name() + "' both reads and writes the residual stream of '" + add.name() + "'")};
+    ReaderThrough through = readerThrough(use, first, *value, add.name(), context);
+    if (through.problem) return std::move(*through.problem);
+    if (through.notReached) return streamReaderProblem(*value, *use.node, add);
+    junction.readers.push_back(std::move(*through.reader));
+  }
+  if (junction.readers.empty())
+    return LinkProblem{failure(reason::kReaderNotLayer, "no layer reads the residual stream of '" + add.name() + "'")};
+  if (auto problem = junctionWeightsProblem(junction, context)) return *problem;
+  junction.through = stream.ops;
+  for (const Node* node : nodesBetween(junction, stream)) junction.through.push_back(node);
+  return junction;
+}
+
 class EqualizeLayers final : public Rule {
  public:
   const char* name() const override { return "equalize"; }
@@ -628,9 +898,12 @@ class EqualizeLayers final : public Rule {
            "(or nothing), a layer and the layers it fans out to, layers a channel-axis Concat joins, Conv -> "
            "Flatten -> Gemm, or Conv -> GlobalAveragePool/ReduceMean -> Gemm, so their per-tensor int8 weights lose less (off by default; fold --equalize)";
   }
-  std::vector<std::string> rootOps() const override { return {"Conv", "ConvTranspose", "Gemm", "MatMul", "Concat"}; }
+  std::vector<std::string> rootOps() const override {
+    return {"Conv", "ConvTranspose", "Gemm", "MatMul", "Concat", "Add"};
+  }
   std::vector<OpVersions> opVersions() const override {
-    return joinOps(layerOps(), {kRelu, kLeakyRelu, kPRelu, kConcat, kFlatten, kReshape, kGlobalAveragePool, kReduceMean});
+    return joinOps(layerOps(),
+                   {kRelu, kLeakyRelu, kPRelu, kConcat, kFlatten, kReshape, kGlobalAveragePool, kReduceMean, kAdd});
   }
   bool enabledByDefault() const override { return false; }
   bool runsAfterFixedPoint() const override { return true; }
@@ -638,6 +911,7 @@ class EqualizeLayers final : public Rule {
 
   MatchResult match(const Node& root, const RuleContext& context) const override {
     if (root.isOnnxOp("Concat")) return matchConcat(root, context);
+    if (root.isOnnxOp("Add")) return matchResidual(root, context);
     if (isQuantized(root.input(1)))
       return MatchResult::failure(reason::kQuantizedWeights,
                                   "the weight of '" + root.name() + "' comes from DequantizeLinear");
@@ -826,6 +1100,45 @@ class EqualizeLayers final : public Rule {
   }
 
  private:
+  static MatchResult matchResidual(const Node& add, const RuleContext& context) {
+    // Add-1 and Add-6 broadcast by attributes; a stream's values all have a layer's shape, but these are not read.
+    if (context.opset() < kNumpyBroadcastOpset)
+      return MatchResult::quietFailure(reason::kUnsupportedOpset, "residual streams are equalized from opset 7");
+    // One match per stream, at its first Add: an Add after another is passed by without walking its stream (a
+    // stream of n blocks would be walked n times).
+    if (followsAnotherAdd(add))
+      return MatchResult::quietFailure(
+          reason::kNotImproving, "'" + add.name() + "' is equalized with the residual stream of an Add before it");
+    auto found = residualStream(add, context);
+    if (auto* problem = std::get_if<LinkProblem>(&found))
+      return MatchResult::quietFailure(problem->failure.code, problem->failure.message);
+    const ResidualStream& stream = std::get<ResidualStream>(found);
+    // Two Adds can each start a branch of one stream: the first in node order matches it.
+    const Node* firstAdd = *std::min_element(stream.adds.begin(), stream.adds.end(),
+                                             [](const Node* a, const Node* b) { return a->order() < b->order(); });
+    if (firstAdd != &add)
+      return MatchResult::quietFailure(
+          reason::kNotImproving,
+          "'" + add.name() + "' is equalized with the residual stream of '" + firstAdd->name() + "'");
+    if (stream.producers.empty())
+      return MatchResult::quietFailure(reason::kNoFoldableProducer,
+                                       "no layer writes the residual stream of '" + add.name() + "'");
+    auto junction = residualJunction(add, stream, context);
+    if (auto* problem = std::get_if<LinkProblem>(&junction))
+      return MatchResult::failure(problem->failure.code, problem->failure.message);
+    auto match = std::make_unique<EqualizeMatch>();
+    match->concat = std::move(std::get<Junction>(junction));
+    Junction& residual = *match->concat;
+    equalizeResidual(residual, context.options().concurrent);
+    if (residual.trivial)
+      return MatchResult::quietFailure(reason::kNotImproving,
+                                       "the residual stream of '" + add.name() + "' is equalized already");
+    if (!residual.changed)
+      return MatchResult::failure(reason::kNotImproving, "equalizing the residual stream of '" + add.name() +
+                                                             "' would not lower the per-tensor int8 weight error");
+    return MatchResult::success(std::move(match));
+  }
+
   static MatchResult matchConcat(const Node& concat, const RuleContext& context) {
     if (!std::any_of(concat.inputs().begin(), concat.inputs().end(), fromLayer))
       return MatchResult::quietFailure(reason::kNoFoldableProducer, "no input of '" + concat.name() +

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
+#include <set>
 
 #include "bnfold/rewrite/driver.h"
 #include "bnfold/rules/builtin_rules.h"
@@ -1126,4 +1127,181 @@ TEST_CASE("equalize blocker: a mean that is not over exactly the spatial axes", 
   // GlobalMaxPool would pass the scales too (a max commutes with a positive scale), but is not looked through yet.
   CHECK(leftAlone(poolHead("  p = GlobalMaxPool (r1)\n" + head, {5, 6}, "float[2,5] y"), "Conv_0")["reason"] ==
         "reader-not-layer");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Residual streams: the values Adds join (with the Relus and MaxPools on them), written by several layers and read
+// by several, take one scale per channel.
+
+namespace {
+
+/// A stem Conv, a basic block (Conv -> Relu -> Conv) whose output is added to the stem's, and a classifier head
+/// through GlobalAveragePool -> Flatten -> Gemm; `tail` follows the block's Add (`s`) and must define `h1`.
+std::string residualNet(const std::string& tail = "  h1 = Relu (s)", const std::string& outputs = "float[1,5] y",
+                        const std::string& extraInits = "") {
+  return header() + "g (float[1,3,6,6] x) => (" + outputs + ")\n<" + rowSpread("w0", {8, 3, 3, 3}, 300.0) + ", " +
+         floats("b0", {8}, 301.0) + ", " + floats("wa", {8, 8, 3, 3}, 302.0) + ", " + floats("ba", {8}, 303.0) + ", " +
+         rowSpread("wb", {8, 8, 3, 3}, 304.0) + ", " + floats("bb", {8}, 305.0) + ", " + floats("wf", {5, 8}, 306.0) +
+         extraInits + R"(>
+{
+  c0 = Conv <pads = [1,1,1,1]> (x, w0, b0)
+  h0 = Relu (c0)
+  ca = Conv <pads = [1,1,1,1]> (h0, wa, ba)
+  ra = Relu (ca)
+  cb = Conv <pads = [1,1,1,1]> (ra, wb, bb)
+  s = Add (cb, h0)
+)" + tail +
+         R"(
+  p = GlobalAveragePool (h1)
+  f = Flatten (p)
+  y = Gemm <transB = 1> (f, wf)
+}
+)";
+}
+
+/// The not_equalized entry about a residual stream.
+nlohmann::json residualLeftAlone(const std::string& text) {
+  auto model = parseModel(text);
+  const Report report = applyRules(*model, {"equalize"});
+  for (const auto& entry : section(report, "equalized")) CHECK(entry.value("link", "") != "residual");
+  for (const auto& entry : section(report, "not_equalized"))
+    if (entry["op"] == "Add") return entry;
+  FAIL("no not_equalized entry for a residual stream: " << section(report, "not_equalized").dump());
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("equalize: a residual stream takes one scale from its producers' and readers' largest ranges", "[equalize]") {
+  auto model = parseModel(residualNet());
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  INFO(outcome.report.json().dump());
+  const auto& entry = junctionEntry(outcome.report, "residual");
+  CHECK(entry["residual_adds"] == nlohmann::json::array({"Add_0"}));
+  auto layers = [](const nlohmann::json& list) {
+    std::set<std::string> names;
+    for (const auto& item : list) names.insert(item["layer"].get<std::string>());
+    return names;
+  };
+  CHECK(layers(entry["producers"]) == std::set<std::string>{"Conv_0", "Conv_2"});  // the stem, the block's last
+  CHECK(layers(entry["readers"]) == std::set<std::string>{"Conv_1", "Gemm_0"});    // the block's first, the head
+  for (const auto& reader : entry["readers"])
+    CHECK(reader["through"] == (reader["layer"] == "Gemm_0" ? nlohmann::json("Flatten_0") : nlohmann::json()));
+  // s_i = sqrt(r1_i / r2_i) of the ranges as the stream found them; after it both sides meet.
+  const auto before1 = numbersOf(entry["ranges_before"]["layer1_output"]);
+  const auto before2 = numbersOf(entry["ranges_before"]["layer2_input"]);
+  const auto after1 = numbersOf(entry["ranges_after"]["layer1_output"]);
+  const auto after2 = numbersOf(entry["ranges_after"]["layer2_input"]);
+  const auto scales = numbersOf(entry["scales"]);
+  REQUIRE(scales.size() == 8);
+  bool nonTrivial = false;
+  for (std::size_t i = 0; i < 8; ++i) {
+    CHECK(scales[i] == Approx(std::sqrt(before1[i] / before2[i])).epsilon(1e-9));
+    CHECK(after1[i] == Approx(after2[i]).epsilon(1e-9));
+    nonTrivial = nonTrivial || std::abs(std::log(scales[i])) > 0.1;
+  }
+  CHECK(nonTrivial);
+  CHECK(entry["quant_error_after"]["sum"].get<double>() < entry["quant_error_before"]["sum"].get<double>());
+  // The ranges after are those of the weights written: the largest over the producers (readers) per channel.
+  auto final = [&](const char* name) {
+    return initializerValues(*model, findNodeByName(*model, name)->input(1)->name());
+  };
+  const auto stem = channelMax(final("Conv_0"), 8, convChannel({8, 3, 3, 3}));
+  const auto last = channelMax(final("Conv_2"), 8, convChannel({8, 8, 3, 3}));
+  const auto first = channelMax(final("Conv_1"), 8, convInputChannel({8, 8, 3, 3}));
+  const auto head = channelMax(final("Gemm_0"), 8, [](std::size_t i) { return i % 8; });
+  for (std::size_t i = 0; i < 8; ++i) {
+    CHECK(std::max(stem[i], last[i]) == Approx(after1[i]).epsilon(1e-6));
+    CHECK(std::max(first[i], head[i]) == Approx(after2[i]).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("equalize: a residual stream through two Adds and a LeakyRelu, one match at its first Add", "[equalize]") {
+  auto model = parseModel(residualNet(
+      "  m = LeakyRelu <alpha = 0.1> (s)\n"
+      "  cc = Conv <pads = [1,1,1,1]> (m, wc)\n  rc = Relu (cc)\n"
+      "  cd = Conv <pads = [1,1,1,1]> (rc, wd)\n  t = Add (cd, m)\n  h1 = Relu (t)",
+      "float[1,5] y", ", " + floats("wc", {8, 8, 3, 3}, 307.0) + ", " + rowSpread("wd", {8, 8, 3, 3}, 309.0)));
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  const auto& entry = junctionEntry(outcome.report, "residual");
+  CHECK(entry["residual_adds"].size() == 2);
+  CHECK(entry["producers"].size() == 3);
+  CHECK(entry["readers"].size() == 3);  // the blocks' first Convs, the head
+  std::size_t residualEntries = 0;
+  for (const auto& e : section(outcome.report, "equalized")) residualEntries += e.value("link", "") == "residual";
+  CHECK(residualEntries == 1);
+}
+
+TEST_CASE("equalize blocker: residual streams that cannot take one scale", "[equalize]") {
+  // Read by an activation that is not positively homogeneous.
+  CHECK(residualLeftAlone(residualNet("  h1 = HardSwish (s)"))["reason"] == "non-homogeneous-activation");
+  // A value of the stream is a graph output.
+  CHECK(residualLeftAlone(residualNet("  h1 = Relu (s)", "float[1,5] y, float[1,8,6,6] h1"))["reason"] ==
+        "layer-has-other-consumers");
+  // Read by something that is not a layer's data input.
+  CHECK(residualLeftAlone(residualNet("  h1 = Relu (s)\n  z = Sigmoid (s)",
+                                      "float[1,5] y, float[1,8,6,6] z"))["reason"] == "non-homogeneous-activation");
+  // A layer that reads the stream and writes it.
+  CHECK(residualLeftAlone(residualNet("  cc = Conv <pads = [1,1,1,1]> (s, wc)\n  t = Add (cc, s)\n  h1 = Relu (t)",
+                                      "float[1,5] y", ", " + rowSpread("wc", {8, 8, 3, 3}, 308.0)))["reason"] ==
+        "reader-not-layer");
+  // Through a MaxPool (not looked through).
+  CHECK(residualLeftAlone(residualNet("  m = MaxPool <kernel_shape = [1,1]> (s)\n  h1 = Relu (m)"))["reason"] ==
+        "reader-not-layer");
+  // A weight another node reads too.
+  CHECK(residualLeftAlone(residualNet("  h1 = Relu (s)\n  z = Conv (x, w0)",
+                                      "float[1,5] y, float[1,8,4,4] z"))["reason"] == "shared-weights");
+}
+
+TEST_CASE("equalize: fold --equalize --verify on a residual block with BatchNormalization, the report in the schema",
+          "[equalize][cli]") {
+  TempDir dir;
+  const std::string text = header() + R"(g (float[1,3,6,6] x) => (float[1,5] y)
+<)" + floats("w0", {8, 3, 3, 3}, 320.0) +
+                           ", " + bnInitializers(makeBnParams(8, 321.0), "n0") + ", " +
+                           floats("wa", {8, 8, 3, 3}, 322.0) + ", " + bnInitializers(makeBnParams(8, 323.0), "na") +
+                           ", " + floats("wb", {8, 8, 3, 3}, 324.0) + ", " +
+                           bnInitializers(makeBnParams(8, 325.0), "nb") + ", " + floats("wf", {5, 8}, 326.0) + R"(>
+{
+  c0 = Conv <pads = [1,1,1,1]> (x, w0)
+  n0 = BatchNormalization (c0, n0s, n0b, n0m, n0v)
+  h0 = Relu (n0)
+  ca = Conv <pads = [1,1,1,1]> (h0, wa)
+  na = BatchNormalization (ca, nas, nab, nam, nav)
+  ra = Relu (na)
+  cb = Conv <pads = [1,1,1,1]> (ra, wb)
+  nb = BatchNormalization (cb, nbs, nbb, nbm, nbv)
+  s = Add (nb, h0)
+  h1 = Relu (s)
+  p = GlobalAveragePool (h1)
+  f = Flatten (p)
+  y = Gemm <transB = 1> (f, wf)
+}
+)";
+  auto model = parseModel(text);
+  saveModel(*model, dir.file("in.onnx"));
+  std::string err;
+  REQUIRE(runCommand(cli("fold " + dir.file("in.onnx") + " -o " + dir.file("out.onnx") +
+                         " --equalize --verify --report " + dir.file("out.json")),
+                     nullptr, &err) == 0);
+  const auto report = nlohmann::json::parse(readFile(dir.file("out.json")));
+  INFO(report.dump());
+  CHECK(report["folds"].size() == 3);
+  bool residual = false;
+  for (const auto& entry : report["equalized"]) {
+    CHECK(entry["verify"]["passed"] == true);
+    residual = residual || entry.value("link", "") == "residual";
+  }
+  CHECK(residual);
+  CHECK(report["verification"]["failed"] == 0);
+  const OrtComparison comparison = compareInOrt(dir.file("in.onnx"), dir.file("out.onnx"), kTol, kTol);
+  INFO(comparison.error);
+  CHECK(comparison.ok);
+  std::string out;
+  CHECK(runCommand("/usr/bin/python3 " + sourceDir() + "/scripts/validate_report.py " + dir.file("out.json"), &out,
+                   &err) == 0);
+  INFO(out << err);
+  CHECK(out.empty());
 }
