@@ -466,6 +466,16 @@ class Evaluator {
               op == "Conv" ? conv(x.real, w, b, attributes) : convTranspose(x.real, w, b, attributes));
       return;
     }
+    if (op == "MaxPool") {
+      const Operand<T>& x = input(node, 0);
+      if (x.isInteger()) throw EvaluationError(describe(node) + ": integer input");
+      if (node.outputs.size() > 1 && !node.outputs[1].empty())
+        throw EvaluationError(describe(node) + ": its Indices output is not evaluated");
+      if (intAttribute(node, "ceil_mode", 0) != 0)
+        throw EvaluationError(describe(node) + ": ceil_mode is not evaluated");
+      setReal(node, 0, x.type, maxPool(x.real, convAttributes(node)));
+      return;
+    }
     if (op == "Gemm") {
       const Operand<T>& a = input(node, 0);
       // Gemm-1..6 declare C required; an absent C means zero from Gemm-11 on.
@@ -587,14 +597,45 @@ double roundedTo(DataType type, double v) {
 }
 
 bool isEvaluableOp(const std::string& op) {
-  static const char* const ops[] = {"Add",        "Sub",       "Mul",     "Div",     "Pow",       "Max",
-                                    "Min",        "Identity",  "Sqrt",    "Reciprocal", "Neg",    "Relu",
-                                    "LeakyRelu",  "PRelu",     "Clip",
-                                    "Conv",       "ConvTranspose", "Gemm", "MatMul", "BatchNormalization",
-                                    "LayerNormalization", "RMSNormalization", "GroupNormalization",
+  static const char* const ops[] = {"Add",
+                                    "Sub",
+                                    "Mul",
+                                    "Div",
+                                    "Pow",
+                                    "Max",
+                                    "Min",
+                                    "Identity",
+                                    "Sqrt",
+                                    "Reciprocal",
+                                    "Neg",
+                                    "Relu",
+                                    "LeakyRelu",
+                                    "PRelu",
+                                    "Clip",
+                                    "Conv",
+                                    "ConvTranspose",
+                                    "MaxPool",
+                                    "Gemm",
+                                    "MatMul",
+                                    "BatchNormalization",
+                                    "LayerNormalization",
+                                    "RMSNormalization",
+                                    "GroupNormalization",
                                     "InstanceNormalization",
-                                    "ReduceMean", "ReduceSum", "GlobalAveragePool", "Reshape",   "Flatten", "Squeeze", "Unsqueeze", "Transpose",
-                                    "Cast",       "Concat",    "Slice",   "Gather",  "Expand",    "ConstantOfShape",
+                                    "ReduceMean",
+                                    "ReduceSum",
+                                    "GlobalAveragePool",
+                                    "Reshape",
+                                    "Flatten",
+                                    "Squeeze",
+                                    "Unsqueeze",
+                                    "Transpose",
+                                    "Cast",
+                                    "Concat",
+                                    "Slice",
+                                    "Gather",
+                                    "Expand",
+                                    "ConstantOfShape",
                                     "Constant"};
   return std::find(std::begin(ops), std::end(ops), op) != std::end(ops);
 }

@@ -152,6 +152,34 @@ SpatialAttributes spatialAttributes(const ConvAttributes& a, const Dims& wDims, 
   return s;
 }
 
+/// The output's spatial dims and the padding before each axis of windows sliding over x's spatial dims (Conv,
+/// MaxPool).
+void windowGeometry(const SpatialAttributes& s, const std::string& autoPad, const Dims& xDims, const char* op,
+                    Dims& outSpatial, Dims& padBegin) {
+  const size_t n = xDims.size() - 2;
+  outSpatial.assign(n, 0);
+  padBegin.assign(n, 0);
+  for (size_t d = 0; d < n; ++d) {
+    const int64_t in = xDims[d + 2], stride = s.strides[d];
+    const int64_t reach = addChecked(mulChecked(s.kernel[d] - 1, s.dilations[d], op), 1, op);
+    if (autoPad == "SAME_UPPER" || autoPad == "SAME_LOWER") {
+      // The spec's total can come out negative when the stride exceeds the kernel's reach; ORT 1.30 clamps it to
+      // 0 (checked by the ORT table: a head pad of -1 would shift every window by one).
+      const int64_t target = addChecked(in, stride - 1, op) / stride;
+      const int64_t total = std::max<int64_t>(0, addChecked(mulChecked(target - 1, stride, op), reach - in, op));
+      padBegin[d] = autoPad == "SAME_LOWER" ? (total + 1) / 2 : total / 2;
+      const int64_t padEnd = total - padBegin[d];
+      outSpatial[d] = (in + padBegin[d] + padEnd - reach) / stride + 1;
+    } else {
+      padBegin[d] = s.padBegin[d];
+      const int64_t padded = addChecked(addChecked(in, s.padBegin[d], op), s.padEnd[d], op);
+      if (padded < reach) fail(std::string(op) + ": kernel reach exceeds padded input " + formatDims(xDims));
+      outSpatial[d] = (padded - reach) / stride + 1;
+    }
+    if (outSpatial[d] < 1) fail(std::string(op) + ": empty output for input " + formatDims(xDims));
+  }
+}
+
 /// For each kernel offset k and output (Conv) or input (ConvTranspose) position p on one axis: the position on the
 /// other side, p*stride - padBegin + k*dilation, or -1 when it falls outside [0, limit).
 std::vector<int64_t> positionTable(int64_t kernel, int64_t positions, int64_t stride, int64_t dilation,
@@ -264,27 +292,8 @@ Array<T> conv(const Array<T>& x, const Array<T>& w, const Array<T>* bias, const 
   checkBias(bias, outChannels, "Conv B");
   const SpatialAttributes s = spatialAttributes(a, w.dims, "Conv");
 
-  Dims inSpatial(x.dims.begin() + 2, x.dims.end()), outSpatial(n), padBegin(n);
-  for (size_t d = 0; d < n; ++d) {
-    const int64_t in = inSpatial[d], stride = s.strides[d];
-    const int64_t reach = addChecked(mulChecked(s.kernel[d] - 1, s.dilations[d], "Conv"), 1, "Conv");
-    if (a.autoPad == "SAME_UPPER" || a.autoPad == "SAME_LOWER") {
-      // The spec's total can come out negative when the stride exceeds the kernel's reach; ORT 1.30 clamps it to
-      // 0 (checked by the ORT table: a head pad of -1 would shift every window by one).
-      const int64_t target = addChecked(in, stride - 1, "Conv") / stride;
-      const int64_t total =
-          std::max<int64_t>(0, addChecked(mulChecked(target - 1, stride, "Conv"), reach - in, "Conv"));
-      padBegin[d] = a.autoPad == "SAME_LOWER" ? (total + 1) / 2 : total / 2;
-      const int64_t padEnd = total - padBegin[d];
-      outSpatial[d] = (in + padBegin[d] + padEnd - reach) / stride + 1;
-    } else {
-      padBegin[d] = s.padBegin[d];
-      const int64_t padded = addChecked(addChecked(in, s.padBegin[d], "Conv"), s.padEnd[d], "Conv");
-      if (padded < reach) fail("Conv: kernel reach exceeds padded input " + formatDims(x.dims));
-      outSpatial[d] = (padded - reach) / stride + 1;
-    }
-    if (outSpatial[d] < 1) fail("Conv: empty output for input " + formatDims(x.dims));
-  }
+  Dims inSpatial(x.dims.begin() + 2, x.dims.end()), outSpatial, padBegin;
+  windowGeometry(s, a.autoPad, x.dims, "Conv", outSpatial, padBegin);
 
   Dims outDims{batch, outChannels};
   outDims.insert(outDims.end(), outSpatial.begin(), outSpatial.end());
@@ -1096,22 +1105,65 @@ Array<T> concat(const std::vector<const Array<T>*>& inputs, int64_t axis) {
 // ---------------------------------------------------------------------------------------------------------------
 // Instantiations
 
-#define BNFOLD_FLOAT_KERNELS(T)                                                                                     \
-  template Array<T> conv(const Array<T>&, const Array<T>&, const Array<T>*, const ConvAttributes&);                 \
-  template Array<T> convTranspose(const Array<T>&, const Array<T>&, const Array<T>*, const ConvAttributes&);        \
-  template Array<T> gemm(const Array<T>&, const Array<T>&, const Array<T>*, double, double, bool, bool);            \
-  template Array<T> matMul(const Array<T>&, const Array<T>&);                                                       \
-  template Array<T> batchNormInference(const Array<T>&, const Array<T>&, const Array<T>&, const Array<T>&,          \
-                                       const Array<T>&, double);                                                    \
-  template BatchNormTraining<T> batchNormTraining(const Array<T>&, const Array<T>&, const Array<T>&,                \
-                                                  const Array<T>&, const Array<T>&, double, double);           \
-  template LayerNormalizationResult<T> layerNormalization(const Array<T>&, const Array<T>&, const Array<T>*,       \
-                                                         int64_t, double, StashRounding);                           \
-  template Array<T> rmsNormalization(const Array<T>&, const Array<T>&, int64_t, double, StashRounding);             \
-  template Array<T> groupNormalization(const Array<T>&, const Array<T>&, const Array<T>&, int64_t, double,          \
-                                       GroupAffine, StashRounding);                                                 \
-  template Array<T> instanceNormalization(const Array<T>&, const Array<T>&, const Array<T>&, double);               \
-  template Array<T> leakyRelu(const Array<T>&, double);                                                             \
+// ---------------------------------------------------------------------------------------------------------------
+// MaxPool
+
+template <typename T>
+Array<T> maxPool(const Array<T>& x, const ConvAttributes& a) {
+  checkArray(x, "MaxPool X");
+  if (x.dims.size() < 3) fail("MaxPool: X must have rank >= 3, got " + formatDims(x.dims));
+  const size_t n = x.dims.size() - 2;
+  if (a.kernelShape.size() != n) fail("MaxPool: kernel_shape needs " + std::to_string(n) + " values");
+  Dims window{1, 1};
+  window.insert(window.end(), a.kernelShape.begin(), a.kernelShape.end());
+  const SpatialAttributes s = spatialAttributes(a, window, "MaxPool");
+  Dims inSpatial(x.dims.begin() + 2, x.dims.end()), outSpatial, padBegin;
+  windowGeometry(s, a.autoPad, x.dims, "MaxPool", outSpatial, padBegin);
+  Dims outDims{x.dims[0], x.dims[1]};
+  outDims.insert(outDims.end(), outSpatial.begin(), outSpatial.end());
+  Array<T> y = makeArray<T>(outDims);
+  // Padding never wins: positions outside X are skipped, as if they held -infinity.
+  std::fill(y.data.begin(), y.data.end(), -std::numeric_limits<T>::infinity());
+  std::vector<std::vector<int64_t>> tables(n);
+  for (size_t d = 0; d < n; ++d)
+    tables[d] = positionTable(s.kernel[d], outSpatial[d], s.strides[d], s.dilations[d], padBegin[d], inSpatial[d]);
+  const Dims inStrides = rowMajorStrides(inSpatial);
+  const int64_t inSize = elementCount(inSpatial), outSize = elementCount(outSpatial);
+  const int64_t kernelSize = elementCount(s.kernel);
+  std::vector<int64_t> kernelIndex(n), scratch(n);
+  for (int64_t plane = 0; plane < x.dims[0] * x.dims[1]; ++plane) {
+    const T* in = x.data.data() + plane * inSize;
+    T* out = y.data.data() + plane * outSize;
+    std::fill(kernelIndex.begin(), kernelIndex.end(), 0);
+    for (int64_t k = 0; k < kernelSize; ++k) {
+      // A NaN never wins a comparison: it is skipped, as std::max from -infinity would.
+      forEachMappedPosition(outSpatial, inStrides, tables, kernelIndex, scratch,
+                            [&](int64_t outIndex, int64_t inIndex) {
+                              if (in[inIndex] > out[outIndex]) out[outIndex] = in[inIndex];
+                            });
+      nextKernelIndex(kernelIndex, s.kernel);
+    }
+  }
+  return y;
+}
+
+#define BNFOLD_FLOAT_KERNELS(T)                                                                                       \
+  template Array<T> conv(const Array<T>&, const Array<T>&, const Array<T>*, const ConvAttributes&);                   \
+  template Array<T> convTranspose(const Array<T>&, const Array<T>&, const Array<T>*, const ConvAttributes&);          \
+  template Array<T> maxPool(const Array<T>&, const ConvAttributes&);                                                  \
+  template Array<T> gemm(const Array<T>&, const Array<T>&, const Array<T>*, double, double, bool, bool);              \
+  template Array<T> matMul(const Array<T>&, const Array<T>&);                                                         \
+  template Array<T> batchNormInference(const Array<T>&, const Array<T>&, const Array<T>&, const Array<T>&,            \
+                                       const Array<T>&, double);                                                      \
+  template BatchNormTraining<T> batchNormTraining(const Array<T>&, const Array<T>&, const Array<T>&, const Array<T>&, \
+                                                  const Array<T>&, double, double);                                   \
+  template LayerNormalizationResult<T> layerNormalization(const Array<T>&, const Array<T>&, const Array<T>*, int64_t, \
+                                                          double, StashRounding);                                     \
+  template Array<T> rmsNormalization(const Array<T>&, const Array<T>&, int64_t, double, StashRounding);               \
+  template Array<T> groupNormalization(const Array<T>&, const Array<T>&, const Array<T>&, int64_t, double,            \
+                                       GroupAffine, StashRounding);                                                   \
+  template Array<T> instanceNormalization(const Array<T>&, const Array<T>&, const Array<T>&, double);                 \
+  template Array<T> leakyRelu(const Array<T>&, double);                                                               \
   template Array<T> prelu(const Array<T>&, const Array<T>&);
 
 #define BNFOLD_ANY_KERNELS(T)                                                                                       \

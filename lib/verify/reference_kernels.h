@@ -61,6 +61,12 @@ Array<T> conv(const Array<T>& x, const Array<T>& w, const Array<T>* bias, const 
 template <typename T>
 Array<T> convTranspose(const Array<T>& x, const Array<T>& w, const Array<T>* bias, const ConvAttributes& a);
 
+/// MaxPool: x `[N, C, D1..Dn]`, the largest value of each window (kernel_shape, strides, dilations, pads or auto_pad
+/// as for Conv; positions in the padding are skipped); ceil_mode 0 only (the caller refuses other values). ORT 1.30
+/// refuses auto_pad SAME_* where the stride exceeds the window's reach; this computes it with no padding, as Conv.
+template <typename T>
+Array<T> maxPool(const Array<T>& x, const ConvAttributes& a);
+
 /// Y = alpha * op(A) * op(B) + beta * C; A, B 2-D; c (null = absent) unidirectionally broadcast to [M, N].
 /// With beta == 0, C is not read (as BLAS and ORT do).
 template <typename T>

@@ -42,11 +42,42 @@ const std::vector<int> kDataTypes = {
     TensorProto::UINT64, TensorProto::COMPLEX64, TensorProto::UNDEFINED, 99};
 
 // Op types bnfold's rules root at, look through, or evaluate, plus a few they must leave alone.
-const std::vector<const char*> kOpTypes = {
-    "Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization", "Add", "Mul", "Sub", "Div", "Identity",
-    "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Relu", "Constant", "Cast",
-    "ConstantOfShape", "Slice", "Gather", "Expand", "Pow", "Max", "Min", "Neg", "Sqrt", "Reciprocal",
-    "DequantizeLinear", "If", "Sigmoid", "GlobalAveragePool", "ReduceMean"};
+const std::vector<const char*> kOpTypes = {"Conv",
+                                           "ConvTranspose",
+                                           "Gemm",
+                                           "MatMul",
+                                           "BatchNormalization",
+                                           "Add",
+                                           "Mul",
+                                           "Sub",
+                                           "Div",
+                                           "Identity",
+                                           "Transpose",
+                                           "Reshape",
+                                           "Flatten",
+                                           "Squeeze",
+                                           "Unsqueeze",
+                                           "Concat",
+                                           "Relu",
+                                           "Constant",
+                                           "Cast",
+                                           "ConstantOfShape",
+                                           "Slice",
+                                           "Gather",
+                                           "Expand",
+                                           "Pow",
+                                           "Max",
+                                           "Min",
+                                           "Neg",
+                                           "Sqrt",
+                                           "Reciprocal",
+                                           "DequantizeLinear",
+                                           "If",
+                                           "Sigmoid",
+                                           "GlobalAveragePool",
+                                           "ReduceMean",
+                                           "MaxPool",
+                                           "LeakyRelu"};
 
 // The layout ops the rules see through between a layer and its BN.
 const std::vector<const char*> kLayoutOps = {"Identity", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze"};
@@ -56,16 +87,33 @@ struct AttrSpec {
   const char* name;
   AttrKind kind;
 };
-const std::vector<AttrSpec> kAttributes = {
-    {"epsilon", AttrKind::Float},     {"momentum", AttrKind::Float},    {"alpha", AttrKind::Float},
-    {"beta", AttrKind::Float},        {"group", AttrKind::Int},         {"axis", AttrKind::Int},
-    {"training_mode", AttrKind::Int}, {"transA", AttrKind::Int},        {"transB", AttrKind::Int},
-    {"is_test", AttrKind::Int},       {"spatial", AttrKind::Int},       {"broadcast", AttrKind::Int},
-    {"keepdims", AttrKind::Int},      {"to", AttrKind::Int},            {"allowzero", AttrKind::Int},
-    {"pads", AttrKind::Ints},         {"strides", AttrKind::Ints},      {"dilations", AttrKind::Ints},
-    {"kernel_shape", AttrKind::Ints}, {"perm", AttrKind::Ints},         {"axes", AttrKind::Ints},
-    {"output_padding", AttrKind::Ints}, {"output_shape", AttrKind::Ints}, {"shape", AttrKind::Ints},
-    {"consumed_inputs", AttrKind::Ints}, {"auto_pad", AttrKind::String}};
+const std::vector<AttrSpec> kAttributes = {{"epsilon", AttrKind::Float},
+                                           {"momentum", AttrKind::Float},
+                                           {"alpha", AttrKind::Float},
+                                           {"beta", AttrKind::Float},
+                                           {"group", AttrKind::Int},
+                                           {"axis", AttrKind::Int},
+                                           {"training_mode", AttrKind::Int},
+                                           {"transA", AttrKind::Int},
+                                           {"transB", AttrKind::Int},
+                                           {"is_test", AttrKind::Int},
+                                           {"spatial", AttrKind::Int},
+                                           {"broadcast", AttrKind::Int},
+                                           {"keepdims", AttrKind::Int},
+                                           {"to", AttrKind::Int},
+                                           {"allowzero", AttrKind::Int},
+                                           {"pads", AttrKind::Ints},
+                                           {"strides", AttrKind::Ints},
+                                           {"dilations", AttrKind::Ints},
+                                           {"kernel_shape", AttrKind::Ints},
+                                           {"perm", AttrKind::Ints},
+                                           {"axes", AttrKind::Ints},
+                                           {"output_padding", AttrKind::Ints},
+                                           {"output_shape", AttrKind::Ints},
+                                           {"shape", AttrKind::Ints},
+                                           {"consumed_inputs", AttrKind::Ints},
+                                           {"auto_pad", AttrKind::String},
+                                           {"ceil_mode", AttrKind::Int}};
 
 class Mutator {
  public:

@@ -307,6 +307,47 @@ Case convCase(Rng& r, size_t n) {
 }
 
 template <typename T>
+Case maxPoolCase(Rng& r, size_t n) {
+  v::ConvAttributes a;
+  a.autoPad = r.pick<std::string>({"NOTSET", "NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"});
+  const bool withStrides = r.chance(0.8), withDilations = r.chance(0.6);
+  const bool withPads = a.autoPad == "NOTSET" && r.chance(0.8);
+  Dims kernel(n), strides(n), dilations(n), in(n), padBegin(n, 0), padEnd(n, 0);
+  for (size_t d = 0; d < n; ++d) {
+    kernel[d] = r.integer(1, n == 3 ? 2 : 3);
+    const bool same = a.autoPad.rfind("SAME", 0) == 0;
+    dilations[d] = same || !withDilations ? 1 : r.integer(1, 2);
+    const int64_t reach = (kernel[d] - 1) * dilations[d] + 1;
+    // ORT refuses SAME_* where a stride beyond the window makes the spec's pad negative (Conv clamps it to 0).
+    strides[d] = withStrides ? r.integer(1, same ? std::min<int64_t>(3, reach) : 3) : 1;
+    // ONNX: a pad must be smaller than the kernel, so no window lies wholly in the padding.
+    if (withPads) {
+      padBegin[d] = r.integer(0, kernel[d] - 1);
+      padEnd[d] = r.integer(0, kernel[d] - 1);
+    }
+    const int64_t minimum = a.autoPad == "NOTSET"  ? std::max<int64_t>(1, reach - padBegin[d] - padEnd[d])
+                            : a.autoPad == "VALID" ? reach
+                                                   : 1;
+    in[d] = std::max<int64_t>(minimum, reach) + r.integer(0, n == 3 ? 2 : 4);
+  }
+  a.kernelShape = kernel;
+  if (withStrides) a.strides = strides;
+  if (withDilations) a.dilations = dilations;
+  if (withPads) {
+    a.pads = padBegin;
+    a.pads.insert(a.pads.end(), padEnd.begin(), padEnd.end());
+  }
+  Dims xDims{r.integer(1, 2), r.integer(1, 3)};
+  xDims.insert(xDims.end(), in.begin(), in.end());
+  const Array<T> x = r.array<T>(xDims);
+  CaseBuilder b("MaxPool", 12, TypeInfo<T>::name);
+  b.input(x, "X");
+  convAttributes(b, a);
+  b.output(v::maxPool(x, a));
+  return b.finish();
+}
+
+template <typename T>
 Case convTransposeCase(Rng& r, size_t n) {
   const auto [group, inPerGroup, outPerGroup] = randomGroups(r);
   v::ConvAttributes a;
@@ -698,6 +739,10 @@ std::vector<Case> buildCases() {
     for (int i = 0; i < 2; ++i) cases.push_back(convCase<double>(r, n));
     for (int i = 0; i < 14; ++i) cases.push_back(convTransposeCase<float>(r, n));
     cases.push_back(convTransposeCase<double>(r, n));
+  }
+  for (size_t n = 1; n <= 3; ++n) {
+    for (int i = 0; i < 8; ++i) cases.push_back(maxPoolCase<float>(r, n));
+    cases.push_back(maxPoolCase<double>(r, n));
   }
   for (int transA = 0; transA < 2; ++transA)
     for (int transB = 0; transB < 2; ++transB)
