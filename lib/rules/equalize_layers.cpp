@@ -7,7 +7,8 @@
 //                        Ya = La(C), Yb = Lb(C), C = Concat(A1(L1(X1)), A2(L2(X2)), ...) on the channel axis
 //                                                                                                    (concat)
 //                        a residual stream: S = A(L1(X1) + A(L2(X2) + ...)), the values Adds join (with Relus,
-//                        LeakyRelus on them) written by layers L1, L2, ... and read by layers La, Lb, ... (residual)
+//                        LeakyRelus, MaxPools on them) written by layers L1, L2, ... and read by layers La, Lb, ...
+//                                                                                                    (residual)
 // After:      Y = L2(A(L1(X, W1', B1')), W2', B2): the same graph with new weights and biases
 // Conditions: every layer readable as an affine layer (constant floating weight and bias, not kept); L1's output
 //             read only by A (or L2), A's only by L2 as its data input, neither a graph output; the channels
@@ -19,9 +20,9 @@
 //             every input a layer's output (through its own activation) read only by the Concat, the axis the
 //             layers' channel axis, the Concat read only by layers (one or several) as their data input.
 //             Residual: every value of the stream produced by a layer (Conv/ConvTranspose, all of the same rank
-//             and channels), an Add or its activations, read only by those or by layers as their data input
-//             (directly or through a spatial mean / Flatten), none a graph output, opset >= 7; no layer both
-//             reads and writes it.
+//             and channels), an Add, its activations or a MaxPool (ceil_mode 0, no Indices), read only by those
+//             or by layers as their data input (directly or through a spatial mean / Flatten), none a graph
+//             output, opset >= 7; no layer both reads and writes it.
 // Math:       A(s z) = s A(z) for s > 0 (per-channel slopes stay with their channel), so with
 //             s_i = sqrt(r1_i / r2_i), r1_i = max|W1 feeding output channel i|, r2_i = max|W2 reading input
 //             channel i|: W1'[i] = W1[i] / s_i, B1'[i] = B1[i] / s_i, W2'[:, i] = W2[:, i] * s_i. A chain's
@@ -258,8 +259,8 @@ struct JunctionReaderLayer {
 struct Junction {
   const char* kind = "";  // fan-out | flatten | pool | concat | residual
   const Node* concat = nullptr;
-  // A residual stream's Adds and the other nodes its rewrite must be checked with: the stream's activations and the
-  // nodes on the paths from its readers to its producers (unchanged).
+  // A residual stream's Adds and the other nodes its rewrite must be checked with: the stream's activations and pools,
+  // and the nodes on the paths from its readers to its producers (unchanged).
   std::vector<const Node*> adds, through;
   std::vector<JunctionProducerLayer> producers;
   std::vector<JunctionReaderLayer> readers;
@@ -683,17 +684,18 @@ std::shared_ptr<const DeferredBytes> equalizedBytes(const AffineLayer& layer,
                               inputIndexing, applied[k - 1]);
 }
 
-// A residual stream: values that Adds join, with the Relus and LeakyRelus on them (each passes a positive scale of
-// its channels), written by layers (each output channel divided by s_i) and read by layers (each input channel
-// multiplied by s_i); the Adds then sum scaled values and the function is unchanged. One scale per channel for the
-// whole stream: every Add of it, the identity shortcuts included. (A MaxPool would pass the scales too, but
-// --verify has no MaxPool to check it with.)
+// A residual stream: values that Adds join, with the Relus, LeakyRelus and MaxPools on them (each passes a positive
+// scale of its channels), written by layers (each output channel divided by s_i) and read by layers (each input
+// channel multiplied by s_i); the Adds then sum scaled values and the function is unchanged. One scale per channel
+// for the whole stream: every Add of it, the identity shortcuts included. (A MaxPool with ceil_mode is left to
+// read the stream, as --verify does not evaluate it.)
 bool isStreamOp(const Node& node) {
-  return node.isOnnxOp("Add") || node.isOnnxOp("Relu") || node.isOnnxOp("LeakyRelu");
+  return node.isOnnxOp("Add") || node.isOnnxOp("Relu") || node.isOnnxOp("LeakyRelu") ||
+         (node.isOnnxOp("MaxPool") && node.attributeInt("ceil_mode", 0) == 0);
 }
 
 struct ResidualStream {
-  std::vector<const Node*> adds, ops;               // its Adds, and its activations
+  std::vector<const Node*> adds, ops;               // its Adds, and its activations and pools
   std::vector<const Node*> producers;               // the layers that write it
   std::vector<std::pair<const Value*, Use>> reads;  // uses of its values by nodes that are not stream ops
   const Value* graphOutput = nullptr;               // a value of it that is a graph output
@@ -760,7 +762,7 @@ std::variant<ResidualStream, LinkProblem> residualStream(const Node& add, const 
       return LinkProblem{failure(reason::kNoFoldableProducer,
                                  "'" + value->name() + "' of the residual stream of '" + add.name() + "' " +
                                      (producer ? "comes from '" + producer->name() + "' (" + producer->opType() +
-                                                     "), not from a layer, Add, Relu or LeakyRelu"
+                                                     "), not from a layer, Add, Relu, LeakyRelu or MaxPool"
                                                : std::string("is a graph input or a constant")))};
     }
     for (const Use& use : value->uses()) {
@@ -902,8 +904,8 @@ class EqualizeLayers final : public Rule {
     return {"Conv", "ConvTranspose", "Gemm", "MatMul", "Concat", "Add"};
   }
   std::vector<OpVersions> opVersions() const override {
-    return joinOps(layerOps(),
-                   {kRelu, kLeakyRelu, kPRelu, kConcat, kFlatten, kReshape, kGlobalAveragePool, kReduceMean, kAdd});
+    return joinOps(layerOps(), {kRelu, kLeakyRelu, kPRelu, kConcat, kFlatten, kReshape, kGlobalAveragePool, kReduceMean,
+                                kAdd, kMaxPool});
   }
   bool enabledByDefault() const override { return false; }
   bool runsAfterFixedPoint() const override { return true; }

@@ -1217,9 +1217,11 @@ TEST_CASE("equalize: a residual stream takes one scale from its producers' and r
   }
 }
 
-TEST_CASE("equalize: a residual stream through two Adds and a LeakyRelu, one match at its first Add", "[equalize]") {
+TEST_CASE("equalize: a residual stream through a MaxPool, two Adds and a LeakyRelu, one match at its first Add",
+          "[equalize]") {
   auto model = parseModel(residualNet(
-      "  m = LeakyRelu <alpha = 0.1> (s)\n"
+      "  q = MaxPool <kernel_shape = [3,3], pads = [1,1,1,1], strides = [2,2]> (s)\n"
+      "  m = LeakyRelu <alpha = 0.1> (q)\n"
       "  cc = Conv <pads = [1,1,1,1]> (m, wc)\n  rc = Relu (cc)\n"
       "  cd = Conv <pads = [1,1,1,1]> (rc, wd)\n  t = Add (cd, m)\n  h1 = Relu (t)",
       "float[1,5] y", ", " + floats("wc", {8, 8, 3, 3}, 307.0) + ", " + rowSpread("wd", {8, 8, 3, 3}, 309.0)));
@@ -1247,8 +1249,9 @@ TEST_CASE("equalize blocker: residual streams that cannot take one scale", "[equ
   CHECK(residualLeftAlone(residualNet("  cc = Conv <pads = [1,1,1,1]> (s, wc)\n  t = Add (cc, s)\n  h1 = Relu (t)",
                                       "float[1,5] y", ", " + rowSpread("wc", {8, 8, 3, 3}, 308.0)))["reason"] ==
         "reader-not-layer");
-  // Through a MaxPool (not looked through).
-  CHECK(residualLeftAlone(residualNet("  m = MaxPool <kernel_shape = [1,1]> (s)\n  h1 = Relu (m)"))["reason"] ==
+  // Through a MaxPool with ceil_mode (--verify does not evaluate it).
+  CHECK(residualLeftAlone(
+            residualNet("  m = MaxPool <kernel_shape = [2,2], ceil_mode = 1> (s)\n  h1 = Relu (m)"))["reason"] ==
         "reader-not-layer");
   // A weight another node reads too.
   CHECK(residualLeftAlone(residualNet("  h1 = Relu (s)\n  z = Conv (x, w0)",
