@@ -26,7 +26,8 @@ void addRuleFlags(CLI::App& command, RuleFlags& flags) {
   command.add_flag("--equalize", flags.equalize,
                    "Cross-layer equalization after folding (same as --rules +equalize): rescale channels between "
                    "layers joined by Relu/LeakyRelu/PRelu (also a fan-out, a channel-axis Concat, Conv -> Flatten -> "
-                   "Gemm) so per-tensor int8 weights lose less; exact in float (see docs/quantization.md)");
+                   "Gemm, a residual stream) so per-tensor int8 weights lose less; exact in float (see "
+                   "docs/quantization.md)");
   command.add_flag("--absorb-high-bias", flags.absorbHighBias,
                    "High-bias absorption after --equalize (needs it; same as --rules +absorb-high-bias): move "
                    "max(0, beta - 3|gamma|) of a folded BN's channels through a Relu into the next layer's bias, for "

@@ -898,7 +898,8 @@ class EqualizeLayers final : public Rule {
   const char* summary() const override {
     return "Cross-layer equalization: rescale the channels between two layers joined by Relu/LeakyRelu/PRelu "
            "(or nothing), a layer and the layers it fans out to, layers a channel-axis Concat joins, Conv -> "
-           "Flatten -> Gemm, or Conv -> GlobalAveragePool/ReduceMean -> Gemm, so their per-tensor int8 weights lose less (off by default; fold --equalize)";
+           "Flatten -> Gemm, Conv -> GlobalAveragePool/ReduceMean -> Gemm, or the layers that write and read a "
+           "residual stream, so their per-tensor int8 weights lose less (off by default; fold --equalize)";
   }
   std::vector<std::string> rootOps() const override {
     return {"Conv", "ConvTranspose", "Gemm", "MatMul", "Concat", "Add"};

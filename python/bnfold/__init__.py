@@ -186,7 +186,7 @@ def fold(model, *, output=None, report=None, rules="default", keep=(), keep_op=(
     freeze_train_bn: turn training-mode BatchNormalization into inference mode (changes the function).
     equalize: cross-layer equalization after folding (``--equalize``, same as ``+equalize`` in rules): rescales
         channels between layers joined by Relu/LeakyRelu/PRelu (also a fan-out, a channel-axis Concat, Conv ->
-        Flatten -> Gemm) so per-tensor int8 weights lose less; exact in float.
+        Flatten -> Gemm, a residual stream) so per-tensor int8 weights lose less; exact in float.
     absorb_high_bias: high-bias absorption after equalize (``--absorb-high-bias``; needs ``equalize``): moves
         max(0, beta - 3|gamma|) of a folded BN's channels through a Relu into the next layer's bias, for activation
         quantization; exact only where the pre-activation stays above it (the report says so).
