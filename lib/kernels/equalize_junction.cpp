@@ -186,11 +186,26 @@ JunctionScales equalizeSummedJunction(const std::vector<ChainLayer>& producers,
   for (const ChannelSummary& summary : producerSummaries)
     for (std::size_t i = 0; i < channels; ++i)
       result.producerRanges[i] = std::max(result.producerRanges[i], summary.largest[i]);
-  result.scales.assign(channels, 1.0);
+  std::vector<double> full(channels, 1.0);
   for (std::size_t i = 0; i < channels; ++i) {
     const double r1 = result.producerRanges[i], r2 = result.readerRanges[i];
-    if (r1 > 0.0 && r2 > 0.0 && std::isfinite(r1) && std::isfinite(r2)) result.scales[i] = std::sqrt(r1 / r2);
+    if (r1 > 0.0 && r2 > 0.0 && std::isfinite(r1) && std::isfinite(r2)) full[i] = std::sqrt(r1 / r2);
   }
+  // The full step, or half of it (s^1/2) where the full one costs the readers more than it saves the writers.
+  auto errorWith = [&](const std::vector<double>& scales) {
+    const std::vector<double> inverseScales = inverse(scales);
+    double error = 0.0;
+    for (const ChannelSummary& summary : producerSummaries)
+      error += estimatedChannelRelativeInt8Error(summary, inverseScales);
+    for (std::size_t r = 0; r < readers.size(); ++r)
+      error += estimatedChannelRelativeInt8Error(readerSummaries[r], blockExpanded(scales, readers[r].block));
+    return error;
+  };
+  std::vector<double> half(channels);
+  for (std::size_t i = 0; i < channels; ++i) half[i] = std::sqrt(full[i]);
+  const bool halfStep = errorWith(half) < errorWith(full);
+  result.scales = halfStep ? half : full;
+  result.power = halfStep ? 0.5 : 1.0;
   const std::vector<double> inverseScales = inverse(result.scales);
   result.producerRangesAfter.assign(channels, 0.0);
   result.readerRangesAfter.assign(channels, 0.0);

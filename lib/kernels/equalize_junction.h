@@ -39,6 +39,9 @@ struct JunctionScales {
   std::vector<double> producerRanges; ///< r1 per junction channel, before
   std::vector<double> readerRanges;   ///< r2 (the largest over the readers) per junction channel, before
   std::vector<double> producerRangesAfter, readerRangesAfter;  ///< the same with the scales applied
+  /// The power of sqrt(r1 / r2) the scales are: 1, or 1/2 where a residual stream's full step costs more
+  /// (equalizeSummedJunction); equalizeJunction always takes 1.
+  double power = 1.0;
   double producerErrorBefore = 0.0, readerErrorBefore = 0.0;
   double producerErrorAfter = 0.0, readerErrorAfter = 0.0;
   /// The scales lower the summed int8 error of every weight they touch (channelRelativeInt8Error: the producers
@@ -52,8 +55,9 @@ JunctionScales equalizeJunction(const std::vector<JunctionProducer>& producers,
                                 const std::vector<JunctionReader>& readers, std::size_t channels);
 
 /// The scales of a residual stream: producers whose outputs are summed (each writes every channel, read through
-/// their readers), readers as for equalizeJunction. The same scales as equalizeJunction; the int8 errors are
-/// estimated from per-channel summaries (estimatedChannelRelativeInt8Error), so no weight is held whole. Throws
+/// their readers), readers as for equalizeJunction. The scales are equalizeJunction's, or their square roots (a
+/// half step) where that leaves the touched weights less int8 error; the errors are estimated from per-channel
+/// summaries (estimatedChannelRelativeInt8Error), so no weight is held whole. Throws
 /// std::invalid_argument as equalizeJunction does. `concurrent`: large producers are read on a second thread while
 /// this one reads the readers (their readers must allow that); the result is the same either way.
 JunctionScales equalizeSummedJunction(const std::vector<ChainLayer>& producers,

@@ -634,7 +634,10 @@ void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& re
       {"chain_layers", junction.producers.size() + junction.readers.size()},
       {"sweeps", 1},
       {"converged", true}};
-  if (!junction.adds.empty()) entry["residual_adds"] = adds;
+  if (!junction.adds.empty()) {
+    entry["residual_adds"] = adds;
+    entry["scale_power"] = numbers.power;
+  }
   rewriter.record("equalized", std::move(entry));
 }
 

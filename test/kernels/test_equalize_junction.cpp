@@ -167,9 +167,24 @@ TEST_CASE("equalize junction: a residual stream's summed producers take the larg
   CHECK(result.producerRanges == std::vector<double>{4, 3, 2});
   CHECK(result.readerRanges == std::vector<double>{2, 1, 8});
   REQUIRE(result.scales.size() == 3);
-  CHECK(result.scales[0] == Approx(std::sqrt(2.0)));
-  CHECK(result.scales[1] == Approx(std::sqrt(3.0)));
-  CHECK(result.scales[2] == Approx(0.5));
+  // sqrt(r1 / r2), or its square root where that half step leaves less estimated error.
+  const std::vector<double> full{std::sqrt(2.0), std::sqrt(3.0), 0.5};
+  std::vector<double> half(3);
+  for (std::size_t i = 0; i < 3; ++i) half[i] = std::sqrt(full[i]);
+  auto estimatedError = [&](const std::vector<double>& scales) {
+    std::vector<double> inverse(3);
+    for (std::size_t i = 0; i < 3; ++i) inverse[i] = 1.0 / scales[i];
+    double error = 0.0;
+    for (const ChainLayer& producer : producers)
+      error += estimatedChannelRelativeInt8Error(channelSummary(producer, true), inverse);
+    for (const JunctionReader& reader : readers)
+      error += estimatedChannelRelativeInt8Error(channelSummary(reader.layer, false), scales);
+    return error;
+  };
+  CHECK(result.power == (estimatedError(half) < estimatedError(full) ? 0.5 : 1.0));
+  for (std::size_t i = 0; i < 3; ++i) CHECK(result.scales[i] == Approx(std::pow(full[i], result.power)));
+  CHECK(result.producerErrorAfter + result.readerErrorAfter ==
+        Approx(std::min(estimatedError(half), estimatedError(full))));
   for (std::size_t i = 0; i < 3; ++i) {
     CHECK(result.producerRangesAfter[i] == Approx(result.producerRanges[i] / result.scales[i]));
     CHECK(result.readerRangesAfter[i] == Approx(result.readerRanges[i] * result.scales[i]));
