@@ -29,6 +29,7 @@ const std::vector<OpVersions>& knownOpVersions() {
       {"LeakyRelu", {1, 6, 16}},
       {"MatMul", {1, 9, 13}},
       {"Max", {1, 6, 8, 12, 13}},
+      {"MaxPool", {1, 8, 10, 11, 12, 22}},
       {"Min", {1, 6, 8, 12, 13}},
       {"Mul", {1, 6, 7, 13, 14}},
       {"Neg", {1, 6, 13}},
