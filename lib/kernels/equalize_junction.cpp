@@ -2,16 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <future>
 #include <stdexcept>
 #include <string>
-#include <system_error>
+
+#include "kernels/second_thread.h"
 
 namespace bnfold::kernels {
 namespace {
-
-// Below this many weights on either side, a thread costs more than it saves.
-constexpr double kElementsWorthAThread = 1 << 17;
 
 std::size_t outputCount(const ChainLayer& layer) {
   const auto count = outputChannelCount(layer.layout, layer.dims);
@@ -148,28 +145,23 @@ JunctionScales equalizeSummedJunction(const std::vector<ChainLayer>& producers,
       throw std::invalid_argument("equalizeSummedJunction: a reader does not read " + std::to_string(channels) +
                                   " channels of " + std::to_string(reader.block) + " inputs");
   // The producers' summaries on a second thread while this one reads the readers', when both sides are large (the
-  // layers are different ones; a std::async future waits for its thread when destroyed, also when this one throws).
+  // layers are different ones).
   auto summariseProducers = [&producers] {
     std::vector<ChannelSummary> summaries;
     for (const ChainLayer& producer : producers) summaries.push_back(channelSummary(producer, true));
     return summaries;
   };
   auto elementsOf = [](const ChainLayer& layer) {
-    double count = 1.0;
-    for (std::int64_t d : layer.dims) count *= static_cast<double>(d);
+    std::int64_t count = 1;
+    for (std::int64_t d : layer.dims) count *= d;
     return count;
   };
-  double producerElements = 0.0, readerElements = 0.0;
+  std::int64_t producerElements = 0, readerElements = 0;
   for (const ChainLayer& producer : producers) producerElements += elementsOf(producer);
   for (const JunctionReader& reader : readers) readerElements += elementsOf(reader.layer);
   std::future<std::vector<ChannelSummary>> producersLater;
-  if (concurrent && std::min(producerElements, readerElements) >= kElementsWorthAThread) {
-    try {
-      producersLater = std::async(std::launch::async, summariseProducers);
-    } catch (const std::system_error&) {
-      // No thread to be had (a container's limit): this one reads both.
-    }
-  }
+  if (concurrent && std::min(producerElements, readerElements) >= kElementsWorthAThread)
+    producersLater = onSecondThread(summariseProducers);
   std::vector<ChannelSummary> readerSummaries;
   JunctionScales result;
   result.producerRanges.assign(channels, 0.0);

@@ -12,7 +12,8 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <system_error>
+
+#include "kernels/second_thread.h"
 
 namespace bnfold::kernels {
 namespace {
@@ -130,17 +131,6 @@ std::vector<double> pairChannelRanges(const LayerPairs& pairs, const std::vector
   gridChannelRanges(largest.data(), pairs.outChannels, pairs.inChannels, rowFactor, columnFactor, byOutput,
                     ranges.data());
   return ranges;
-}
-
-// work() started on a new thread, or an empty future when none can be started (a container's thread limit): the
-// caller then does the work itself.
-template <typename Work>
-auto onSecondThread(Work work) -> std::future<decltype(work())> {
-  try {
-    return std::async(std::launch::async, std::move(work));
-  } catch (const std::system_error&) {
-    return {};
-  }
 }
 
 std::size_t elementCountOf(const ChainLayer& layer) {
@@ -380,9 +370,6 @@ struct ChainNoise::Model {
     if (byChannel) propagateFromEnds();
     remembered.resize(layers.size());
   }
-
-  // Below this many weights on either side, a thread costs more than it saves.
-  static constexpr std::int64_t kElementsWorthAThread = std::int64_t{1} << 17;
 
   // Layer k's channel pairs, read now if only its channel summaries were kept.
   const LayerPairs& fullPairs(std::size_t k) const {
