@@ -27,16 +27,6 @@ std::string shellQuote(const std::string& text) {
   return out + "'";
 }
 
-/// Runs scripts/validate_report.py on the files; returns its exit code, output in *out.
-int validateReports(const std::vector<std::string>& files, std::string* out) {
-  std::string command = "/usr/bin/python3 " + shellQuote(sourceDir() + "/scripts/validate_report.py");
-  for (const auto& file : files) command += " " + shellQuote(file);
-  std::string err;
-  const int code = runCommand(command, out, &err);
-  *out += err;
-  return code;
-}
-
 void writeJson(const std::string& path, const nlohmann::json& json) { std::ofstream(path) << json.dump(2); }
 
 std::vector<std::string> sampleModels() {

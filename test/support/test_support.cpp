@@ -88,6 +88,20 @@ TempDir::~TempDir() {
   fs::remove_all(path_, ec);
 }
 
+int validateReports(const std::vector<std::string>& files, std::string* out) {
+  auto quoted = [](const std::string& text) {
+    std::string result = "'";
+    for (char c : text) result += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return result + "'";
+  };
+  std::string command = "/usr/bin/python3 " + quoted(sourceDir() + "/scripts/validate_report.py");
+  for (const auto& file : files) command += " " + quoted(file);
+  std::string err;
+  const int code = runCommand(command, out, &err);
+  *out += err;
+  return code;
+}
+
 int runCommand(const std::string& command, std::string* out, std::string* err) {
   TempDir dir;
   const std::string outFile = dir.file("stdout"), errFile = dir.file("stderr");

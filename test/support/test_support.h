@@ -67,6 +67,10 @@ FoldOutcome applyRulesAndCompare(Model& model, const std::vector<std::string>& r
 /// Runs a command through the shell; returns its exit code and fills stdout/stderr.
 int runCommand(const std::string& command, std::string* out = nullptr, std::string* err = nullptr);
 
+/// Runs scripts/validate_report.py on the report files; returns its exit code, with its stdout and stderr in *out
+/// (nothing when every report is valid).
+int validateReports(const std::vector<std::string>& files, std::string* out);
+
 /// Paths known at build time.
 std::string sourceDir();
 std::string bnfoldExecutable();
