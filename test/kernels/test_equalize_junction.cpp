@@ -5,9 +5,11 @@
 #include <cmath>
 #include <memory>
 
+#include "chain_layers.h"
 #include "kernels/equalize_junction.h"
 
 using namespace bnfold::kernels;
+using bnfold::kernels::test::conv;
 
 namespace {
 
@@ -70,15 +72,6 @@ TEST_CASE("equalize junction: scales that would not lower the int8 error are sai
 }
 
 namespace {
-
-ChainLayer conv(std::vector<double> weights, Dims dims, std::int64_t group = 1) {
-  ChainLayer layer;
-  layer.layout.kind = WeightKind::Conv;
-  layer.layout.group = group;
-  layer.weights = std::move(weights);
-  layer.dims = std::move(dims);
-  return layer;
-}
 
 // Deterministic weights with per-row magnitudes spread over two decades.
 std::vector<double> spreadWeights(std::size_t count, std::size_t rowLength, double seed) {

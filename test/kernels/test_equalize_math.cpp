@@ -5,20 +5,13 @@
 #include <atomic>
 #include <cmath>
 
+#include "chain_layers.h"
 #include "kernels/equalize_math.h"
 
 using namespace bnfold::kernels;
+using bnfold::kernels::test::conv;
 
 namespace {
-
-ChainLayer conv(std::vector<double> weights, Dims dims, std::int64_t group = 1) {
-  ChainLayer layer;
-  layer.layout.kind = WeightKind::Conv;
-  layer.layout.group = group;
-  layer.weights = std::move(weights);
-  layer.dims = std::move(dims);
-  return layer;
-}
 
 }  // namespace
 
