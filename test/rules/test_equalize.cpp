@@ -1255,6 +1255,15 @@ TEST_CASE("equalize blocker: residual streams that cannot take one scale", "[equ
   CHECK(residualLeftAlone(
             residualNet("  m = MaxPool <kernel_shape = [2,2], ceil_mode = 1> (s)\n  h1 = Relu (m)"))["reason"] ==
         "reader-not-layer");
+  // A writer whose weight comes from DequantizeLinear.
+  std::string quantized;
+  for (int i = 0; i < 64; ++i) quantized += (i ? "," : "") + std::to_string(i - 32);
+  CHECK(residualLeftAlone(residualNet("  r = Relu (s)\n  cc = Conv (r, wc)\n  rc = Relu (cc)\n"
+                                      "  wq = DequantizeLinear (q, qs, qz)\n  cq = Conv (rc, wq)\n"
+                                      "  t = Add (cq, r)\n  h1 = Relu (t)",
+                                      "float[1,5] y",
+                                      ", " + floats("wc", {8, 8, 1, 1}, 310.0) + ", int8[8,8,1,1] q = {" + quantized +
+                                          "}, float qs = {0.01}, int8 qz = {0}"))["reason"] == "quantized-weights");
   // A weight another node reads too.
   CHECK(residualLeftAlone(residualNet("  h1 = Relu (s)\n  z = Conv (x, w0)",
                                       "float[1,5] y, float[1,8,4,4] z"))["reason"] == "shared-weights");
