@@ -23,11 +23,12 @@ void addRuleFlags(CLI::App& command, RuleFlags& flags) {
                    "Treat initializers that are also graph inputs (IR >= 4) as constants");
   command.add_flag("--freeze-train-bn", flags.freezeTrainingBatchNorm,
                    "Turn training-mode BatchNormalization into inference mode (changes the function)");
-  command.add_flag("--equalize", flags.equalize,
-                   "Cross-layer equalization after folding (same as --rules +equalize): rescale channels between "
-                   "layers joined by Relu/LeakyRelu/PRelu (also a fan-out, a channel-axis Concat, Conv -> Flatten -> "
-                   "Gemm, a residual stream) so per-tensor int8 weights lose less; exact in float (see "
-                   "docs/quantization.md)");
+  command.add_flag(
+      "--equalize", flags.equalize,
+      "Cross-layer equalization after folding (same as --rules +equalize): rescale channels between "
+      "layers joined by Relu/LeakyRelu/PRelu and MaxPools (also a fan-out, a channel-axis Concat, Conv -> Flatten -> "
+      "Gemm, a residual stream) so per-tensor int8 weights lose less; exact in float (see "
+      "docs/quantization.md)");
   command.add_flag("--absorb-high-bias", flags.absorbHighBias,
                    "High-bias absorption after --equalize (needs it; same as --rules +absorb-high-bias): move "
                    "max(0, beta - 3|gamma|) of a folded BN's channels through a Relu into the next layer's bias, for "

@@ -1,5 +1,6 @@
 // Before:     Y = L2(A(L1(X, W1, B1)), W2, B2)        A = Relu | LeakyRelu | PRelu | none, L = Conv | ConvTranspose
 //             (and longer chains L1 -> A -> L2 -> A -> L3 ...)        | Gemm | MatMul with a constant 2-D weight
+//             Between Conv/ConvTranspose layers, MaxPools (ceil_mode 0, no Indices) before or after A too.
 //             Junctions: Ya = La(A(L1(X))), Yb = Lb(A(L1(X))), ...                       (fan-out)
 //                        Y = G(F(A(L1(X))))   F = Flatten | Reshape to [N, C*H*W], G = Gemm | MatMul    (flatten)
 //                        Y = L(F?(P(A(L1(X)))))  P = GlobalAveragePool | ReduceMean over the spatial axes, L a
@@ -95,6 +96,7 @@ double largestLogScale(const std::vector<double>& scale) {
 
 struct Link {
   const Node* activation = nullptr;  // null: L2 reads L1's output directly
+  std::vector<const Node*> pools;    // the MaxPools on the way, before or after the activation
   AffineLayer next;
 };
 
@@ -105,6 +107,20 @@ struct LinkProblem {
 };
 
 MatchFailure failure(ReasonCode code, std::string message) { return MatchFailure{code, std::move(message)}; }
+
+// A MaxPool passes a positive scale of each channel: max(s x) = s max(x) over a window of one channel, and its
+// padding is never chosen. One with ceil_mode (which --verify does not evaluate) or an Indices output does not count.
+bool isChannelPool(const Node& node) {
+  return node.isOnnxOp("MaxPool") && node.attributeInt("ceil_mode", 0) == 0 && node.outputs().size() == 1;
+}
+
+// Why a MaxPool that reads a scaled value is not passed through, or nullopt when it is no MaxPool.
+std::optional<std::string> poolProblem(const Node& node) {
+  if (!node.isOnnxOp("MaxPool")) return std::nullopt;
+  if (node.attributeInt("ceil_mode", 0) != 0) return "it has ceil_mode 1, which --verify does not evaluate";
+  if (node.outputs().size() != 1) return "its Indices output would change with the scales";
+  return std::nullopt;
+}
 
 // Why the output of `value`'s readers cannot carry a per-channel scale to one layer.
 MatchFailure readersProblem(const Value& value, const std::string& from) {
@@ -126,33 +142,54 @@ MatchFailure readersProblem(const Value& value, const std::string& from) {
   if (value.uses().empty())
     return failure(reason::kReaderNotLayer, "'" + value.name() + "' after '" + from + "' is not read");
   const Node& reader = *value.uses().front().node;
+  if (auto why = poolProblem(reader))
+    return failure(reason::kReaderNotLayer, "'" + value.name() + "' after '" + from + "' is read by '" + reader.name() +
+                                                "' (MaxPool), which a channel scale does not pass: " + *why);
   return failure(reason::kReaderNotLayer, "'" + value.name() + "' after '" + from + "' is read by '" + reader.name() +
                                               "' (" + reader.opType() +
                                               "), not as the data input of a Conv, ConvTranspose, Gemm or MatMul");
 }
 
-// Layer `first`'s output after at most one homogeneous activation that alone reads it.
+// Layer `first`'s output after what alone reads it and passes a positive channel scale: at most one homogeneous
+// activation and, after a Conv or ConvTranspose, MaxPools (Conv -> BN -> LeakyRelu -> MaxPool -> Conv in YOLO-tiny
+// and VGG-style nets), in either order.
 struct Carried {
   const Node* activation = nullptr;
+  std::vector<const Node*> pools;
   const Value* value = nullptr;
+
+  bool passesAnything() const { return activation || !pools.empty(); }
 };
 
 std::variant<Carried, LinkProblem> carriedOutput(const AffineLayer& first, const RuleContext& context) {
   const std::string& from = first.node->name();
   const Value* output = first.node->output(0);
   if (!output) return LinkProblem{failure(reason::kMissingOutput, "'" + from + "' has no output")};
-  Carried carried{nullptr, output};
-  if (!output->isGraphOutput() && output->uses().size() == 1 && isHomogeneousActivation(*output->uses().front().node) &&
-      output->uses().front().slot == 0) {
-    carried.activation = output->uses().front().node;
-    carried.value = carried.activation->output(0);
-    if (!carried.value)
-      return LinkProblem{failure(reason::kMissingOutput, "'" + carried.activation->name() + "' has no output")};
-    if (context.isKept(*carried.activation))
-      return LinkProblem{failure(reason::kKeptByUser,
-                                  "activation '" + carried.activation->name() + "' is kept by --keep or --keep-op")};
+  Carried carried{nullptr, {}, output};
+  for (;;) {
+    const Value* value = carried.value;
+    if (value->isGraphOutput() || value->uses().size() != 1 || value->uses().front().slot != 0) break;
+    const Node* next = value->uses().front().node;
+    const bool activation = !carried.activation && isHomogeneousActivation(*next);
+    if (!activation && !(first.isSpatial() && isChannelPool(*next))) break;
+    if (context.isKept(*next))
+      return LinkProblem{failure(reason::kKeptByUser, std::string(activation ? "activation" : "MaxPool") + " '" +
+                                                          next->name() + "' is kept by --keep or --keep-op")};
+    carried.value = next->output(0);
+    if (!carried.value) return LinkProblem{failure(reason::kMissingOutput, "'" + next->name() + "' has no output")};
+    if (activation)
+      carried.activation = next;
+    else
+      carried.pools.push_back(next);
   }
   return carried;
+}
+
+// The MaxPools a link passes, by name, for the report.
+nlohmann::json poolNames(const std::vector<const Node*>& pools) {
+  nlohmann::json names = nlohmann::json::array();
+  for (const Node* pool : pools) names.push_back(pool->name());
+  return names;
 }
 
 // `second` read as the layer that takes the inverse of `first`'s output scales on its input channels, `block`
@@ -210,12 +247,14 @@ std::variant<Link, LinkProblem> linkAfter(const AffineLayer& first, const RuleCo
   const Carried carried = std::get<Carried>(carriedOrProblem);
   Link link;
   link.activation = carried.activation;
-  const std::string& via = link.activation ? link.activation->name() : first.node->name();
+  link.pools = carried.pools;
+  const std::string& via = carried.passesAnything() ? carried.value->producer()->name() : first.node->name();
   // A layer read directly by a non-layer (a pool, a graph output) is no candidate worth a report entry; after an
-  // activation it is.
+  // activation or a MaxPool it is.
   auto problem = [&] {
     LinkProblem why{readersProblem(*carried.value, via)};
-    why.quiet = (!link.activation && (why.failure.code == reason::kReaderNotLayer || carried.value->isGraphOutput())) ||
+    why.quiet = (!carried.passesAnything() &&
+                 (why.failure.code == reason::kReaderNotLayer || carried.value->isGraphOutput())) ||
                 feedsConcat(*carried.value);
     return why;
   };
@@ -234,7 +273,9 @@ std::variant<Link, LinkProblem> linkAfter(const AffineLayer& first, const RuleCo
 bool isReachedByLink(const Node& node, const RuleContext& context) {
   const Value* input = node.input(0);
   const Node* producer = input ? input->producer() : nullptr;
-  if (producer && isHomogeneousActivation(*producer) && producer->input(0)) producer = producer->input(0)->producer();
+  // Back over what carriedOutput passes (linkAfter below checks that it does).
+  while (producer && (isHomogeneousActivation(*producer) || isChannelPool(*producer)) && producer->input(0))
+    producer = producer->input(0)->producer();
   if (!producer || !isAffineLayerOp(*producer) || isQuantized(producer->input(1))) return false;
   auto previous = readAffineLayer(*producer, context, nullptr);
   if (!previous) return false;
@@ -249,6 +290,7 @@ bool isReachedByLink(const Node& node, const RuleContext& context) {
 struct JunctionProducerLayer {
   AffineLayer layer;
   const Node* activation = nullptr;
+  std::vector<const Node*> pools;  // MaxPools after the layer (a junction after a chain's last layer)
 };
 struct JunctionReaderLayer {
   AffineLayer layer;
@@ -316,8 +358,10 @@ struct ReaderThrough {
   std::optional<LinkProblem> notReached;  // it reaches no layer (`via`: what `value` comes out of, for the message)
 };
 
-ReaderThrough readerThrough(const Use& use, const AffineLayer& first, const Value& value, const std::string& via,
-                            const RuleContext& context) {
+// `shapedAsFirst`: `value` has the shape of `first`'s output (no MaxPool between), which tells its dims when its own
+// shape is not known.
+ReaderThrough readerThrough(const Use& use, const AffineLayer& first, const Value& value, bool shapedAsFirst,
+                            const std::string& via, const RuleContext& context) {
   ReaderThrough through;
   const auto rank = static_cast<int64_t>(first.weight->dims().size());  // a spatial layer's output rank
   const Node* reader = use.node;
@@ -348,8 +392,10 @@ ReaderThrough readerThrough(const Use& use, const AffineLayer& first, const Valu
     const Node* after = flat ? soleConsumer(*flat, &afterSlot) : nullptr;
     if (after && afterSlot == 0 && (after->isOnnxOp("Gemm") || after->isOnnxOp("MatMul"))) {
       MatchFailure why;
-      auto block = read.pool ? featuresPerChannel(*first.node, pooledShape, *reader, context, &why)
-                             : featuresPerChannel(*first.node, {first.node->output(0), &value}, *reader, context, &why);
+      auto block = read.pool
+                       ? featuresPerChannel(*first.node, pooledShape, *reader, context, &why)
+                       : featuresPerChannel(*first.node, {&value, shapedAsFirst ? first.node->output(0) : nullptr},
+                                            *reader, context, &why);
       if (!block) {
         through.problem = LinkProblem{why};
         return through;
@@ -384,13 +430,13 @@ std::optional<std::variant<Junction, LinkProblem>> junctionAfter(const AffineLay
   const Value& value = *carried.value;
   if (value.isGraphOutput() || value.uses().empty()) return std::nullopt;
   const bool fanOut = value.uses().size() > 1;
-  const std::string& via = carried.activation ? carried.activation->name() : first.node->name();
+  const std::string& via = carried.passesAnything() ? value.producer()->name() : first.node->name();
   Junction junction;
   junction.kind = fanOut ? "fan-out" : "flatten";
-  junction.producers.push_back({first, carried.activation});
+  junction.producers.push_back({first, carried.activation, carried.pools});
   junction.channels = static_cast<std::size_t>(first.outputChannels);
   for (const Use& use : value.uses()) {
-    ReaderThrough through = readerThrough(use, first, value, via, context);
+    ReaderThrough through = readerThrough(use, first, value, carried.pools.empty(), via, context);
     if (through.problem) return std::variant<Junction, LinkProblem>{std::move(*through.problem)};
     if (through.notReached) {
       if (!fanOut) return std::nullopt;
@@ -580,8 +626,10 @@ void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& re
     if (junction.readers[r].pool) rewriter.includeUnchanged(junction.readers[r].pool);
     if (junction.readers[r].flatten) rewriter.includeUnchanged(junction.readers[r].flatten);
   }
-  for (const auto& producer : junction.producers)
+  for (const auto& producer : junction.producers) {
     if (producer.activation) rewriter.includeUnchanged(producer.activation);
+    for (const Node* pool : producer.pools) rewriter.includeUnchanged(pool);
+  }
   if (junction.concat) rewriter.includeUnchanged(junction.concat);
   for (const Node* node : junction.adds) rewriter.includeUnchanged(node);
   for (const Node* node : junction.through) {
@@ -590,11 +638,13 @@ void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& re
   }
 
   nlohmann::json producers = nlohmann::json::array(), readers = nlohmann::json::array();
-  for (const auto& producer : junction.producers)
+  for (const auto& producer : junction.producers) {
     producers.push_back({{"layer", producer.layer.node->name()},
                          {"activation", producer.activation ? nlohmann::json(producer.activation->opType())
                                                             : nlohmann::json(nullptr)},
                          {"channels", producer.layer.outputChannels}});
+    if (!producer.pools.empty()) producers.back()["pools"] = poolNames(producer.pools);
+  }
   for (const auto& reader : junction.readers) {
     nlohmann::json throughOps = nlohmann::json::array();
     for (const Node* node : {reader.pool, reader.flatten})
@@ -643,7 +693,8 @@ void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& re
 
 struct EqualizeMatch : Match {
   std::vector<AffineLayer> layers;
-  std::vector<const Node*> activations;  // per link
+  std::vector<const Node*> activations;         // per link
+  std::vector<std::vector<const Node*>> pools;  // per link: the MaxPools it passes
   std::vector<kernels::ChainLayer> weights;
   std::unique_ptr<kernels::ChainNoise> noise;  // of `weights`
   kernels::ChainScales scales;
@@ -873,16 +924,18 @@ std::variant<Junction, LinkProblem> residualJunction(const Node& add, const Resi
       return LinkProblem{failure(reason::kChannelAxisMismatch,
                                  "the layers that write the residual stream of '" + add.name() +
                                      "' are not all Conv or ConvTranspose of the same rank and channels")};
-    junction.producers.push_back({std::move(*layer), nullptr});
+    junction.producers.push_back({std::move(*layer), nullptr, {}});
   }
   const AffineLayer& first = junction.producers.front().layer;
   junction.channels = static_cast<std::size_t>(first.outputChannels);
+  const bool streamPools =
+      std::any_of(stream.ops.begin(), stream.ops.end(), [](const Node* node) { return node->isOnnxOp("MaxPool"); });
   for (const auto& [value, use] : stream.reads) {
     if (std::find(stream.producers.begin(), stream.producers.end(), use.node) != stream.producers.end())
       return LinkProblem{
           failure(reason::kReaderNotLayer,
                   "'" + use.node->name() + "' both reads and writes the residual stream of '" + add.name() + "'")};
-    ReaderThrough through = readerThrough(use, first, *value, add.name(), context);
+    ReaderThrough through = readerThrough(use, first, *value, !streamPools, add.name(), context);
     if (through.problem) return std::move(*through.problem);
     if (through.notReached) return streamReaderProblem(*value, *use.node, add);
     junction.readers.push_back(std::move(*through.reader));
@@ -938,6 +991,7 @@ class EqualizeLayers final : public Rule {
       }
       auto& found = std::get<Link>(link);
       match->activations.push_back(found.activation);
+      match->pools.push_back(std::move(found.pools));
       match->layers.push_back(std::move(found.next));
     }
     if (auto junction = junctionAfter(match->layers.back(), context)) {
@@ -1039,6 +1093,8 @@ class EqualizeLayers final : public Rule {
     // The activations are unchanged, but the layers around them are exact only together with them.
     for (const Node* activation : match.activations)
       if (activation) rewriter.includeUnchanged(activation);
+    for (const auto& pools : match.pools)
+      for (const Node* pool : pools) rewriter.includeUnchanged(pool);
 
     const auto& noiseBefore = match.noiseBefore;
     const auto& noiseAfter = match.noiseAfter;
@@ -1062,32 +1118,31 @@ class EqualizeLayers final : public Rule {
       const std::vector<std::vector<double>> identity = identityScales(applied);
       const nlohmann::json activation =
           match.activations[k] ? nlohmann::json(match.activations[k]->opType()) : nlohmann::json(nullptr);
-      rewriter.record("equalized",
-                      {{"node", first.node->name()},
-                       {"op", first.node->opType()},
-                       {"layer1", first.node->name()},
-                       {"layer2", second.node->name()},
-                       {"activation", activation},
-                       {"scales", jsonNumbers(applied[k])},
-                       {"ranges_before",
-                        {{"layer1_output", jsonNumbers(noise.outputRanges(k, identity))},
-                         {"layer2_input", jsonNumbers(noise.inputRanges(k + 1, identity))}}},
-                       {"ranges_after",
-                        {{"layer1_output", jsonNumbers(noise.outputRanges(k, applied))},
-                         {"layer2_input", jsonNumbers(noise.inputRanges(k + 1, applied))}}},
-                       {"scale_method",
-                        match.scales.method == kernels::ScaleMethod::Sweep ? "sweep" : "aimet-one-pass"},
-                       {"scale_power", match.scales.power[k]},
-                       {"quant_error_before",
-                        {{"layer1", noiseBefore[k]}, {"layer2", noiseBefore[k + 1]},
-                         {"sum", noiseBefore[k] + noiseBefore[k + 1]}}},
-                       {"quant_error_after",
-                        {{"layer1", noiseAfter[k]}, {"layer2", noiseAfter[k + 1]},
-                         {"sum", noiseAfter[k] + noiseAfter[k + 1]}}},
-                       {"quant_error_without_link", match.noiseWithoutLink[k]},
-                       {"chain_layers", match.layers.size()},
-                       {"sweeps", match.scales.sweeps},
-                       {"converged", match.scales.converged}});
+      nlohmann::json entry = {
+          {"node", first.node->name()},
+          {"op", first.node->opType()},
+          {"layer1", first.node->name()},
+          {"layer2", second.node->name()},
+          {"activation", activation},
+          {"scales", jsonNumbers(applied[k])},
+          {"ranges_before",
+           {{"layer1_output", jsonNumbers(noise.outputRanges(k, identity))},
+            {"layer2_input", jsonNumbers(noise.inputRanges(k + 1, identity))}}},
+          {"ranges_after",
+           {{"layer1_output", jsonNumbers(noise.outputRanges(k, applied))},
+            {"layer2_input", jsonNumbers(noise.inputRanges(k + 1, applied))}}},
+          {"scale_method", match.scales.method == kernels::ScaleMethod::Sweep ? "sweep" : "aimet-one-pass"},
+          {"scale_power", match.scales.power[k]},
+          {"quant_error_before",
+           {{"layer1", noiseBefore[k]}, {"layer2", noiseBefore[k + 1]}, {"sum", noiseBefore[k] + noiseBefore[k + 1]}}},
+          {"quant_error_after",
+           {{"layer1", noiseAfter[k]}, {"layer2", noiseAfter[k + 1]}, {"sum", noiseAfter[k] + noiseAfter[k + 1]}}},
+          {"quant_error_without_link", match.noiseWithoutLink[k]},
+          {"chain_layers", match.layers.size()},
+          {"sweeps", match.scales.sweeps},
+          {"converged", match.scales.converged}};
+      if (!match.pools[k].empty()) entry["pools"] = poolNames(match.pools[k]);
+      rewriter.record("equalized", std::move(entry));
     }
     if (junctionChanged) rewriteJunction(*match.after, false, rewriter);
     if (match.after && !match.after->changed && !match.after->trivial)

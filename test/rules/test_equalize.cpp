@@ -486,8 +486,32 @@ TEST_CASE("equalize blocker: activations that are not positively homogeneous", "
 }
 
 TEST_CASE("equalize blocker: a reader that is not a layer", "[equalize]") {
-  CHECK(leftAlone(pairWith("  r1 = Relu (c1)\n  p1 = MaxPool <kernel_shape = [1,1]> (r1)\n  y = Conv (p1, w2)"),
+  CHECK(leftAlone(pairWith("  r1 = Relu (c1)\n  p1 = AveragePool <kernel_shape = [1,1]> (r1)\n  y = Conv (p1, w2)"),
                   "Conv_0")["reason"] == "reader-not-layer");
+  // MaxPools that a channel scale does not pass as --verify can check it: with ceil_mode, with Indices.
+  const auto ceil = leftAlone(
+      pairWith("  r1 = Relu (c1)\n  p1 = MaxPool <kernel_shape = [2,2], ceil_mode = 1> (r1)\n  y = Conv (p1, w2)"),
+      "Conv_0");
+  CHECK(ceil["reason"] == "reader-not-layer");
+  CHECK(ceil["message"].get<std::string>().find("ceil_mode") != std::string::npos);
+  const auto indices = leftAlone(
+      pairWith("  r1 = Relu (c1)\n  p1, i1 = MaxPool <kernel_shape = [1,1]> (r1)\n  y = Conv (p1, w2)"), "Conv_0");
+  CHECK(indices["reason"] == "reader-not-layer");
+  CHECK(indices["message"].get<std::string>().find("Indices") != std::string::npos);
+}
+
+TEST_CASE("equalize blocker: a MaxPool kept by the user", "[equalize]") {
+  auto model = parseModel(
+      pairWith("  r1 = Relu (c1)\n  p1 = MaxPool <kernel_shape = [3,3], pads = [1,1,1,1]> (r1)\n  y = Conv (p1, w2)"));
+  RuleOptions options;
+  options.keepNodes = {"MaxPool_0"};
+  const Report report = applyRules(*model, {"equalize"}, options);
+  CHECK(section(report, "equalized").empty());
+  CHECK(report.rewriteCount() == 0);
+  REQUIRE(section(report, "not_equalized").size() == 1);
+  CHECK(section(report, "not_equalized")[0]["reason"] == "kept-by-user");
+  CHECK(section(report, "not_equalized")[0]["message"].get<std::string>().find("MaxPool 'MaxPool_0'") !=
+        std::string::npos);
 }
 
 TEST_CASE("equalize blocker: shared weights", "[equalize]") {
@@ -860,14 +884,42 @@ TEST_CASE("equalize blocker: junctions that cannot be equalized", "[equalize]") 
                   "Conv_0")["reason"] == "channel-axis-mismatch");
 }
 
+namespace {
+
+/// `text` saved and run through `fold --equalize --verify --report`: every equalized entry verified, none failed,
+/// the output the same function in ONNX Runtime, the report in the schema. Returns the report.
+nlohmann::json foldEqualizeVerified(const std::string& text) {
+  TempDir dir;
+  auto model = parseModel(text);
+  saveModel(*model, dir.file("in.onnx"));
+  std::string err;
+  REQUIRE(runCommand(cli("fold " + dir.file("in.onnx") + " -o " + dir.file("out.onnx") +
+                         " --equalize --verify --report " + dir.file("out.json")),
+                     nullptr, &err) == 0);
+  auto report = nlohmann::json::parse(readFile(dir.file("out.json")));
+  INFO(report.dump());
+  for (const auto& entry : report["equalized"]) CHECK(entry["verify"]["passed"] == true);
+  CHECK(report["verification"]["failed"] == 0);
+  const OrtComparison comparison = compareInOrt(dir.file("in.onnx"), dir.file("out.onnx"), kTol, kTol);
+  INFO(comparison.error);
+  CHECK(comparison.ok);
+  std::string out;
+  CHECK(validateReports({dir.file("out.json")}, &out) == 0);
+  INFO(out);
+  CHECK(out.empty());
+  return report;
+}
+
+}  // namespace
+
 TEST_CASE("equalize: fold --equalize --verify on a fan-out, a Concat and a Flatten, the report in the schema",
           "[equalize][cli]") {
-  TempDir dir;
-  auto model = parseModel(header() + R"(g (float[1,3,4,4] x) => (float[1,5] y1, float[1,6,4,4] y2)
+  const auto report =
+      foldEqualizeVerified(header() + R"(g (float[1,3,4,4] x) => (float[1,5] y1, float[1,6,4,4] y2)
 <)" + rowSpread("w0", {8, 3, 3, 3}, 240.0) +
-                          ", " + rowSpread("wa", {4, 8, 1, 1}, 241.0) + ", " + rowSpread("wb", {4, 8, 3, 3}, 242.0) +
-                          ", " + floats("wf", {5, 64}, 243.0) + ", " + rowSpread("wd", {6, 3, 1, 1}, 244.0) + ", " +
-                          floats("we", {6, 10, 1, 1}, 245.0) + R"(>
+                           ", " + rowSpread("wa", {4, 8, 1, 1}, 241.0) + ", " + rowSpread("wb", {4, 8, 3, 3}, 242.0) +
+                           ", " + floats("wf", {5, 64}, 243.0) + ", " + rowSpread("wd", {6, 3, 1, 1}, 244.0) + ", " +
+                           floats("we", {6, 10, 1, 1}, 245.0) + R"(>
 {
   c0 = Conv <pads = [1,1,1,1]> (x, w0)
   r0 = Relu (c0)
@@ -882,26 +934,12 @@ TEST_CASE("equalize: fold --equalize --verify on a fan-out, a Concat and a Flatt
   y2 = Conv (cat, we)
 }
 )");
-  saveModel(*model, dir.file("in.onnx"));
-  std::string err;
-  REQUIRE(runCommand(cli("fold " + dir.file("in.onnx") + " -o " + dir.file("out.onnx") +
-                         " --equalize --verify --report " + dir.file("out.json")),
-                     nullptr, &err) == 0);
-  const auto report = nlohmann::json::parse(readFile(dir.file("out.json")));
   INFO(report.dump());
   REQUIRE(report["equalized"].size() == 3);
   CHECK(report["equalized"][0]["link"] == "fan-out");
   CHECK(report["equalized"][1]["link"] == "flatten");
   CHECK(report["equalized"][2]["link"] == "concat");
-  CHECK(report["verification"]["failed"] == 0);
   CHECK(report["verification"]["passed"] == 3);
-  const OrtComparison comparison = compareInOrt(dir.file("in.onnx"), dir.file("out.onnx"), kTol, kTol);
-  INFO(comparison.error);
-  CHECK(comparison.ok);
-  std::string out;
-  CHECK(validateReports({dir.file("out.json")}, &out) == 0);
-  INFO(out);
-  CHECK(out.empty());
 }
 
 TEST_CASE("equalize: a second run over equalized junctions changes nothing", "[equalize]") {
@@ -1068,6 +1106,61 @@ void checkPoolHead(const std::string& text, const std::vector<std::string>& thro
 }
 
 }  // namespace
+
+TEST_CASE("equalize: MaxPools between layers pass the scales, before or after the activation", "[equalize]") {
+  // Conv -> Relu -> MaxPool (2x2, stride 2) -> Conv -> MaxPool (3x3, padded) -> LeakyRelu -> Conv, as in
+  // YOLO-tiny and VGG-style nets.
+  auto model = parseModel(header() + R"(g (float[1,3,8,8] x) => (float[1,4,4,4] y)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 330.0) +
+                          ", " + floats("b1", {8}, 331.0) + ", " + rowSpread("w2", {6, 8, 3, 3}, 332.0) + ", " +
+                          floats("w3", {4, 6, 3, 3}, 333.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  r1 = Relu (c1)
+  p1 = MaxPool <kernel_shape = [2,2], strides = [2,2]> (r1)
+  c2 = Conv <pads = [1,1,1,1]> (p1, w2)
+  p2 = MaxPool <kernel_shape = [3,3], pads = [1,1,1,1]> (c2)
+  r2 = LeakyRelu <alpha = 0.1> (p2)
+  y = Conv <pads = [1,1,1,1]> (r2, w3)
+}
+)");
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  CHECK(opSequence(model->graph()) == "Conv,Relu,MaxPool,Conv,MaxPool,LeakyRelu,Conv");
+  checkEqualizedLinks(outcome.report, 2);
+  const auto& entries = section(outcome.report, "equalized");
+  CHECK(entries[0]["activation"] == "Relu");
+  CHECK(entries[0]["pools"] == nlohmann::json::array({"MaxPool_0"}));
+  CHECK(entries[1]["activation"] == "LeakyRelu");
+  CHECK(entries[1]["pools"] == nlohmann::json::array({"MaxPool_1"}));
+  CHECK(entries[0]["chain_layers"] == 3);
+}
+
+TEST_CASE("equalize: Conv -> Relu -> MaxPool -> Flatten -> Gemm takes the pooled dims as each channel's features",
+          "[equalize]") {
+  // 6x6 pooled 2x2 with stride 2: channel c is input features [9c, 9c + 9) of the Gemm (transB: w2 is [5, 72]).
+  auto model = parseModel(header() + R"(g (float[1,3,6,6] x) => (float[1,5] y)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 334.0) +
+                          ", " + floats("w2", {5, 72}, 335.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1)
+  r1 = Relu (c1)
+  p = MaxPool <kernel_shape = [2,2], strides = [2,2]> (r1)
+  f = Flatten (p)
+  y = Gemm <transB = 1> (f, w2)
+}
+)");
+  const auto r1 = channelMax(initializerValues(*model, "w1"), 8, convChannel({8, 3, 3, 3}));
+  const auto r2 = channelMax(initializerValues(*model, "w2"), 8, [](std::size_t i) { return (i % 72) / 9; });
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 1);
+  const auto& entry = junctionEntry(outcome.report, "flatten");
+  CHECK(entry["producers"][0]["pools"] == nlohmann::json::array({"MaxPool_0"}));
+  CHECK(entry["readers"][0]["features_per_channel"] == 9);
+  for (std::size_t i = 0; i < 8; ++i)
+    CHECK(entry["scales"][i].get<double>() == Approx(std::sqrt(r1[i] / r2[i])).epsilon(1e-6));
+}
 
 TEST_CASE("equalize: Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm passes the scales through the mean",
           "[equalize]") {
@@ -1271,7 +1364,6 @@ TEST_CASE("equalize blocker: residual streams that cannot take one scale", "[equ
 
 TEST_CASE("equalize: fold --equalize --verify on a residual block with BatchNormalization, the report in the schema",
           "[equalize][cli]") {
-  TempDir dir;
   const std::string text = header() + R"(g (float[1,3,6,6] x) => (float[1,5] y)
 <)" + floats("w0", {8, 3, 3, 3}, 320.0) +
                            ", " + bnInitializers(makeBnParams(8, 321.0), "n0") + ", " +
@@ -1294,27 +1386,39 @@ TEST_CASE("equalize: fold --equalize --verify on a residual block with BatchNorm
   y = Gemm <transB = 1> (f, wf)
 }
 )";
-  auto model = parseModel(text);
-  saveModel(*model, dir.file("in.onnx"));
-  std::string err;
-  REQUIRE(runCommand(cli("fold " + dir.file("in.onnx") + " -o " + dir.file("out.onnx") +
-                         " --equalize --verify --report " + dir.file("out.json")),
-                     nullptr, &err) == 0);
-  const auto report = nlohmann::json::parse(readFile(dir.file("out.json")));
+  const auto report = foldEqualizeVerified(text);
   INFO(report.dump());
   CHECK(report["folds"].size() == 3);
   bool residual = false;
-  for (const auto& entry : report["equalized"]) {
-    CHECK(entry["verify"]["passed"] == true);
-    residual = residual || entry.value("link", "") == "residual";
-  }
+  for (const auto& entry : report["equalized"]) residual = residual || entry.value("link", "") == "residual";
   CHECK(residual);
-  CHECK(report["verification"]["failed"] == 0);
-  const OrtComparison comparison = compareInOrt(dir.file("in.onnx"), dir.file("out.onnx"), kTol, kTol);
-  INFO(comparison.error);
-  CHECK(comparison.ok);
-  std::string out;
-  CHECK(validateReports({dir.file("out.json")}, &out) == 0);
-  INFO(out);
-  CHECK(out.empty());
+}
+
+TEST_CASE(
+    "equalize: fold --equalize --verify on Conv-BN-LeakyRelu-MaxPool blocks (YOLO-tiny style), the report in the "
+    "schema",
+    "[equalize][cli]") {
+  const std::string text = header() + R"(g (float[1,3,8,8] x) => (float[1,5,2,2] y)
+<)" + floats("w0", {8, 3, 3, 3}, 340.0) +
+                           ", " + bnInitializers(makeBnParams(8, 341.0), "n0") + ", " +
+                           floats("w1", {16, 8, 3, 3}, 342.0) + ", " + bnInitializers(makeBnParams(16, 343.0), "n1") +
+                           ", " + floats("w2", {5, 16, 1, 1}, 344.0) + ", " + floats("b2", {5}, 345.0) + R"(>
+{
+  c0 = Conv <pads = [1,1,1,1]> (x, w0)
+  n0 = BatchNormalization (c0, n0s, n0b, n0m, n0v)
+  a0 = LeakyRelu <alpha = 0.1> (n0)
+  p0 = MaxPool <kernel_shape = [2,2], strides = [2,2]> (a0)
+  c1 = Conv <pads = [1,1,1,1]> (p0, w1)
+  n1 = BatchNormalization (c1, n1s, n1b, n1m, n1v)
+  a1 = LeakyRelu <alpha = 0.1> (n1)
+  p1 = MaxPool <kernel_shape = [2,2], strides = [2,2]> (a1)
+  y = Conv (p1, w2, b2)
+}
+)";
+  const auto report = foldEqualizeVerified(text);
+  INFO(report.dump());
+  CHECK(report["folds"].size() == 2);
+  std::size_t pooledLinks = 0;
+  for (const auto& entry : report["equalized"]) pooledLinks += entry.contains("pools");
+  CHECK(pooledLinks >= 1);
 }
