@@ -137,8 +137,19 @@ class EagerNet:
     def hard_swish(self, x):
         return self._node("HardSwish", [x.name], hard_swish(x.value))
 
+    def leaky_relu(self, x, alpha=0.1):
+        return self._node("LeakyRelu", [x.name], np.where(x.value >= 0.0, x.value, alpha * x.value), alpha=alpha)
+
     def activation(self, x, kind):
+        if kind == "leaky":
+            return self.leaky_relu(x)
         return self.relu(x) if kind == "relu" else self.hard_swish(x) if kind == "hardswish" else x
+
+    def max_pool(self, x):
+        """2x2 MaxPool with stride 2 (even spatial sizes)."""
+        n, c, h, w = x.value.shape
+        pooled = x.value.reshape(n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
+        return self._node("MaxPool", [x.name], pooled, kernel_shape=[2, 2], strides=[2, 2])
 
     def conv_bn(self, x, out_channels, kernel=3, stride=1, act="relu", **bn):
         return self.activation(self.batch_norm(self.conv(x, out_channels, kernel, stride), **bn), act)
@@ -263,6 +274,18 @@ def plain_relu(seed, calibration_batch, size):
     return net.model("plain_relu", [("logits", logits)], "plain chain of Conv-BN-Relu")
 
 
+def yolo_tiny(seed, calibration_batch, size, anchors=3, classes=10):
+    """YOLO-tiny-style backbone: Conv-BN-LeakyRelu blocks, each but the last followed by a 2x2 MaxPool, and a 1x1
+    detection Conv with bias on the last map (raw NCHW predictions)."""
+    net = EagerNet(seed, 13, calibration_batch, size)
+    x = net.input
+    for channels in (16, 32, 64, 128):
+        x = net.max_pool(net.conv_bn(x, channels, 3, act="leaky"))
+    x = net.conv_bn(x, 256, 3, act="leaky")
+    head = net.conv(x, anchors * (5 + classes), 1, bias=True, filter_spread=0.0)
+    return net.model("yolo_tiny_style", [("predictions", head)], "YOLO-tiny-style Conv-BN-LeakyRelu-MaxPool chain")
+
+
 def hardswish(seed, calibration_batch, size):
     """MobileNetV3-style: inverted residual blocks (1x1 expand, dw 3x3, 1x1 linear projection, Add when shapes
     match), HardSwish in most blocks and Relu in the first ones, as in the paper."""
@@ -290,4 +313,5 @@ GENERATORS = {
     "ssd": ssd,
     "plain-relu": plain_relu,
     "hardswish": hardswish,
+    "yolo-tiny": yolo_tiny,
 }
