@@ -26,7 +26,7 @@ void addRuleFlags(CLI::App& command, RuleFlags& flags) {
   command.add_flag(
       "--equalize", flags.equalize,
       "Cross-layer equalization after folding (same as --rules +equalize): rescale channels between "
-      "layers joined by Relu/LeakyRelu/PRelu and MaxPools (also a fan-out, a channel-axis Concat, Conv -> Flatten -> "
+      "layers joined by Relu/LeakyRelu/PRelu and pools (also a fan-out, a channel-axis Concat, Conv -> Flatten -> "
       "Gemm, a residual stream) so per-tensor int8 weights lose less; exact in float (see "
       "docs/quantization.md)");
   command.add_flag("--absorb-high-bias", flags.absorbHighBias,

@@ -8,6 +8,7 @@ const std::vector<OpVersions>& knownOpVersions() {
   // Opsets 26 and 27 changed none of these ops.
   static const std::vector<OpVersions> table = {
       {"Add", {1, 6, 7, 13, 14}},
+      {"AveragePool", {1, 7, 10, 11, 19, 22}},
       {"BatchNormalization", {1, 6, 7, 9, 14, 15}},
       {"Cast", {1, 6, 9, 13, 19, 21, 23, 24, 25}},
       {"Clip", {1, 6, 11, 12, 13}},

@@ -45,8 +45,9 @@ inline const OpVersions kLeakyRelu{"LeakyRelu", {1, 6, 16}};
 inline const OpVersions kPRelu{"PRelu", {1, 6, 7, 9, 16}};
 // ReLU6 as ONNX writes it (relu6-to-relu reads it; not homogeneous, so equalize stops at it).
 inline const OpVersions kClip{"Clip", {1, 6, 11, 12, 13}};
-// A per-channel max over windows: passes a positive channel scale (equalize's residual streams).
+// A per-channel max or mean over windows: passes a positive channel scale (equalize's links and residual streams).
 inline const OpVersions kMaxPool{"MaxPool", {1, 8, 10, 11, 12, 22}};
+inline const OpVersions kAveragePool{"AveragePool", {1, 7, 10, 11, 19, 22}};
 // Arithmetic: versions 1 and 6 broadcast only with the `broadcast`/`axis` attributes, which rules emitting these
 // ops write; rules that read an Add or Mul as numpy-broadcast take versions 7 and later only.
 inline const OpVersions kAdd{"Add", {1, 6, 7, 13, 14}};

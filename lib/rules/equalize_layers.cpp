@@ -1,6 +1,6 @@
 // Before:     Y = L2(A(L1(X, W1, B1)), W2, B2)        A = Relu | LeakyRelu | PRelu | none, L = Conv | ConvTranspose
 //             (and longer chains L1 -> A -> L2 -> A -> L3 ...)        | Gemm | MatMul with a constant 2-D weight
-//             Between Conv/ConvTranspose layers, MaxPools (ceil_mode 0, no Indices) before or after A too.
+//             Between Conv/ConvTranspose layers, MaxPools and AveragePools (ceil_mode 0) before or after A too.
 //             Junctions: Ya = La(A(L1(X))), Yb = Lb(A(L1(X))), ...                       (fan-out)
 //                        Y = G(F(A(L1(X))))   F = Flatten | Reshape to [N, C*H*W], G = Gemm | MatMul    (flatten)
 //                        Y = L(F?(P(A(L1(X)))))  P = GlobalAveragePool | ReduceMean over the spatial axes, L a
@@ -8,7 +8,7 @@
 //                        Ya = La(C), Yb = Lb(C), C = Concat(A1(L1(X1)), A2(L2(X2)), ...) on the channel axis
 //                                                                                                    (concat)
 //                        a residual stream: S = A(L1(X1) + A(L2(X2) + ...)), the values Adds join (with Relus,
-//                        LeakyRelus, MaxPools on them) written by layers L1, L2, ... and read by layers La, Lb, ...
+//                        LeakyRelus and pools on them) written by layers L1, L2, ... and read by layers La, Lb, ...
 //                                                                                                    (residual)
 // After:      Y = L2(A(L1(X, W1', B1')), W2', B2): the same graph with new weights and biases
 // Conditions: every layer readable as an affine layer (constant floating weight and bias, not kept); L1's output
@@ -21,9 +21,9 @@
 //             every input a layer's output (through its own activation) read only by the Concat, the axis the
 //             layers' channel axis, the Concat read only by layers (one or several) as their data input.
 //             Residual: every value of the stream produced by a layer (Conv/ConvTranspose, all of the same rank
-//             and channels), an Add, its activations or a MaxPool (ceil_mode 0, no Indices), read only by those
-//             or by layers as their data input (directly or through a spatial mean / Flatten), none a graph
-//             output, opset >= 7; no layer both reads and writes it.
+//             and channels), an Add, its activations or a MaxPool/AveragePool (ceil_mode 0, no Indices), read
+//             only by those or by layers as their data input (directly or through a spatial mean / Flatten), none
+//             a graph output, opset >= 7; no layer both reads and writes it.
 // Math:       A(s z) = s A(z) for s > 0 (per-channel slopes stay with their channel), so with
 //             s_i = sqrt(r1_i / r2_i), r1_i = max|W1 feeding output channel i|, r2_i = max|W2 reading input
 //             channel i|: W1'[i] = W1[i] / s_i, B1'[i] = B1[i] / s_i, W2'[:, i] = W2[:, i] * s_i. A chain's
@@ -96,7 +96,7 @@ double largestLogScale(const std::vector<double>& scale) {
 
 struct Link {
   const Node* activation = nullptr;  // null: L2 reads L1's output directly
-  std::vector<const Node*> pools;    // the MaxPools on the way, before or after the activation
+  std::vector<const Node*> pools;    // the MaxPools and AveragePools on the way, before or after the activation
   AffineLayer next;
 };
 
@@ -108,15 +108,17 @@ struct LinkProblem {
 
 MatchFailure failure(ReasonCode code, std::string message) { return MatchFailure{code, std::move(message)}; }
 
-// A MaxPool passes a positive scale of each channel: max(s x) = s max(x) over a window of one channel, and its
-// padding is never chosen. One with ceil_mode (which --verify does not evaluate) or an Indices output does not count.
+// A MaxPool or AveragePool passes a positive scale of each channel: over a window of one channel, max(s x) =
+// s max(x) (its padding is never chosen) and mean(s x) = s mean(x) (its padding counts as zeros or not at all). One
+// with ceil_mode (which --verify does not evaluate) or MaxPool's Indices output does not count.
 bool isChannelPool(const Node& node) {
-  return node.isOnnxOp("MaxPool") && node.attributeInt("ceil_mode", 0) == 0 && node.outputs().size() == 1;
+  return (node.isOnnxOp("MaxPool") || node.isOnnxOp("AveragePool")) && node.attributeInt("ceil_mode", 0) == 0 &&
+         node.outputs().size() == 1;
 }
 
-// Why a MaxPool that reads a scaled value is not passed through, or nullopt when it is no MaxPool.
+// Why a MaxPool or AveragePool that reads a scaled value is not passed through, or nullopt when it is neither.
 std::optional<std::string> poolProblem(const Node& node) {
-  if (!node.isOnnxOp("MaxPool")) return std::nullopt;
+  if (!node.isOnnxOp("MaxPool") && !node.isOnnxOp("AveragePool")) return std::nullopt;
   if (node.attributeInt("ceil_mode", 0) != 0) return "it has ceil_mode 1, which --verify does not evaluate";
   if (node.outputs().size() != 1) return "its Indices output would change with the scales";
   return std::nullopt;
@@ -144,14 +146,15 @@ MatchFailure readersProblem(const Value& value, const std::string& from) {
   const Node& reader = *value.uses().front().node;
   if (auto why = poolProblem(reader))
     return failure(reason::kReaderNotLayer, "'" + value.name() + "' after '" + from + "' is read by '" + reader.name() +
-                                                "' (MaxPool), which a channel scale does not pass: " + *why);
+                                                "' (" + reader.opType() +
+                                                "), which a channel scale does not pass: " + *why);
   return failure(reason::kReaderNotLayer, "'" + value.name() + "' after '" + from + "' is read by '" + reader.name() +
                                               "' (" + reader.opType() +
                                               "), not as the data input of a Conv, ConvTranspose, Gemm or MatMul");
 }
 
 // Layer `first`'s output after what alone reads it and passes a positive channel scale: at most one homogeneous
-// activation and, after a Conv or ConvTranspose, MaxPools (Conv -> BN -> LeakyRelu -> MaxPool -> Conv in YOLO-tiny
+// activation and, after a Conv or ConvTranspose, pools (Conv -> BN -> LeakyRelu -> MaxPool -> Conv in YOLO-tiny
 // and VGG-style nets), in either order.
 struct Carried {
   const Node* activation = nullptr;
@@ -173,7 +176,7 @@ std::variant<Carried, LinkProblem> carriedOutput(const AffineLayer& first, const
     const bool activation = !carried.activation && isHomogeneousActivation(*next);
     if (!activation && !(first.isSpatial() && isChannelPool(*next))) break;
     if (context.isKept(*next))
-      return LinkProblem{failure(reason::kKeptByUser, std::string(activation ? "activation" : "MaxPool") + " '" +
+      return LinkProblem{failure(reason::kKeptByUser, (activation ? std::string("activation") : next->opType()) + " '" +
                                                           next->name() + "' is kept by --keep or --keep-op")};
     carried.value = next->output(0);
     if (!carried.value) return LinkProblem{failure(reason::kMissingOutput, "'" + next->name() + "' has no output")};
@@ -185,7 +188,7 @@ std::variant<Carried, LinkProblem> carriedOutput(const AffineLayer& first, const
   return carried;
 }
 
-// The MaxPools a link passes, by name, for the report.
+// The pools a link passes, by name, for the report.
 nlohmann::json poolNames(const std::vector<const Node*>& pools) {
   nlohmann::json names = nlohmann::json::array();
   for (const Node* pool : pools) names.push_back(pool->name());
@@ -250,7 +253,7 @@ std::variant<Link, LinkProblem> linkAfter(const AffineLayer& first, const RuleCo
   link.pools = carried.pools;
   const std::string& via = carried.passesAnything() ? carried.value->producer()->name() : first.node->name();
   // A layer read directly by a non-layer (a pool, a graph output) is no candidate worth a report entry; after an
-  // activation or a MaxPool it is.
+  // activation or a pool it is.
   auto problem = [&] {
     LinkProblem why{readersProblem(*carried.value, via)};
     why.quiet = (!carried.passesAnything() &&
@@ -290,7 +293,7 @@ bool isReachedByLink(const Node& node, const RuleContext& context) {
 struct JunctionProducerLayer {
   AffineLayer layer;
   const Node* activation = nullptr;
-  std::vector<const Node*> pools;  // MaxPools after the layer (a junction after a chain's last layer)
+  std::vector<const Node*> pools;  // pools after the layer (a junction after a chain's last layer)
 };
 struct JunctionReaderLayer {
   AffineLayer layer;
@@ -358,7 +361,7 @@ struct ReaderThrough {
   std::optional<LinkProblem> notReached;  // it reaches no layer (`via`: what `value` comes out of, for the message)
 };
 
-// `shapedAsFirst`: `value` has the shape of `first`'s output (no MaxPool between), which tells its dims when its own
+// `shapedAsFirst`: `value` has the shape of `first`'s output (no pool between), which tells its dims when its own
 // shape is not known.
 ReaderThrough readerThrough(const Use& use, const AffineLayer& first, const Value& value, bool shapedAsFirst,
                             const std::string& via, const RuleContext& context) {
@@ -694,7 +697,7 @@ void rewriteJunction(const Junction& junction, bool writeProducers, Rewriter& re
 struct EqualizeMatch : Match {
   std::vector<AffineLayer> layers;
   std::vector<const Node*> activations;         // per link
-  std::vector<std::vector<const Node*>> pools;  // per link: the MaxPools it passes
+  std::vector<std::vector<const Node*>> pools;  // per link: the pools it passes
   std::vector<kernels::ChainLayer> weights;
   std::unique_ptr<kernels::ChainNoise> noise;  // of `weights`
   kernels::ChainScales scales;
@@ -738,14 +741,14 @@ std::shared_ptr<const DeferredBytes> equalizedBytes(const AffineLayer& layer,
                               inputIndexing, applied[k - 1]);
 }
 
-// A residual stream: values that Adds join, with the Relus, LeakyRelus and MaxPools on them (each passes a positive
+// A residual stream: values that Adds join, with the Relus, LeakyRelus and pools on them (each passes a positive
 // scale of its channels), written by layers (each output channel divided by s_i) and read by layers (each input
 // channel multiplied by s_i); the Adds then sum scaled values and the function is unchanged. One scale per channel
-// for the whole stream: every Add of it, the identity shortcuts included. (A MaxPool with ceil_mode is left to
-// read the stream, as --verify does not evaluate it.)
+// for the whole stream: every Add of it, the identity shortcuts included. (A pool with ceil_mode is left to read
+// the stream, as --verify does not evaluate it.)
 bool isStreamOp(const Node& node) {
   return node.isOnnxOp("Add") || node.isOnnxOp("Relu") || node.isOnnxOp("LeakyRelu") ||
-         (node.isOnnxOp("MaxPool") && node.attributeInt("ceil_mode", 0) == 0);
+         ((node.isOnnxOp("MaxPool") || node.isOnnxOp("AveragePool")) && node.attributeInt("ceil_mode", 0) == 0);
 }
 
 struct ResidualStream {
@@ -816,7 +819,7 @@ std::variant<ResidualStream, LinkProblem> residualStream(const Node& add, const 
       return LinkProblem{failure(reason::kNoFoldableProducer,
                                  "'" + value->name() + "' of the residual stream of '" + add.name() + "' " +
                                      (producer ? "comes from '" + producer->name() + "' (" + producer->opType() +
-                                                     "), not from a layer, Add, Relu, LeakyRelu or MaxPool"
+                                                     "), not from a layer, Add, Relu, LeakyRelu, MaxPool or AveragePool"
                                                : std::string("is a graph input or a constant")))};
     }
     for (const Use& use : value->uses()) {
@@ -928,8 +931,9 @@ std::variant<Junction, LinkProblem> residualJunction(const Node& add, const Resi
   }
   const AffineLayer& first = junction.producers.front().layer;
   junction.channels = static_cast<std::size_t>(first.outputChannels);
-  const bool streamPools =
-      std::any_of(stream.ops.begin(), stream.ops.end(), [](const Node* node) { return node->isOnnxOp("MaxPool"); });
+  const bool streamPools = std::any_of(stream.ops.begin(), stream.ops.end(), [](const Node* node) {
+    return node->isOnnxOp("MaxPool") || node->isOnnxOp("AveragePool");
+  });
   for (const auto& [value, use] : stream.reads) {
     if (std::find(stream.producers.begin(), stream.producers.end(), use.node) != stream.producers.end())
       return LinkProblem{
@@ -962,7 +966,7 @@ class EqualizeLayers final : public Rule {
   }
   std::vector<OpVersions> opVersions() const override {
     return joinOps(layerOps(), {kRelu, kLeakyRelu, kPRelu, kConcat, kFlatten, kReshape, kGlobalAveragePool, kReduceMean,
-                                kAdd, kMaxPool});
+                                kAdd, kMaxPool, kAveragePool});
   }
   bool enabledByDefault() const override { return false; }
   bool runsAfterFixedPoint() const override { return true; }

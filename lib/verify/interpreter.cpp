@@ -476,6 +476,15 @@ class Evaluator {
       setReal(node, 0, x.type, maxPool(x.real, convAttributes(node)));
       return;
     }
+    if (op == "AveragePool") {
+      const Operand<T>& x = input(node, 0);
+      if (x.isInteger()) throw EvaluationError(describe(node) + ": integer input");
+      if (intAttribute(node, "ceil_mode", 0) != 0)
+        throw EvaluationError(describe(node) + ": ceil_mode is not evaluated");
+      setReal(node, 0, x.type,
+              averagePool(x.real, convAttributes(node), intAttribute(node, "count_include_pad", 0) != 0));
+      return;
+    }
     if (op == "Gemm") {
       const Operand<T>& a = input(node, 0);
       // Gemm-1..6 declare C required; an absent C means zero from Gemm-11 on.
@@ -615,6 +624,7 @@ bool isEvaluableOp(const std::string& op) {
                                     "Conv",
                                     "ConvTranspose",
                                     "MaxPool",
+                                    "AveragePool",
                                     "Gemm",
                                     "MatMul",
                                     "BatchNormalization",

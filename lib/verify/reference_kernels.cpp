@@ -1103,54 +1103,104 @@ Array<T> concat(const std::vector<const Array<T>*>& inputs, int64_t axis) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Instantiations
+// MaxPool, AveragePool
 
-// ---------------------------------------------------------------------------------------------------------------
-// MaxPool
+// A pool's windows over x `[N, C, D1..Dn]`: the output dims and, per spatial axis, the input position of each
+// (kernel offset, output position), -1 in the padding (positionTable).
+struct PoolWindows {
+  Dims kernel, inSpatial, outSpatial, outDims, inStrides;
+  std::vector<std::vector<int64_t>> tables;
+  int64_t inSize = 0, outSize = 0, kernelSize = 0;
+};
+
+template <typename T>
+PoolWindows poolWindows(const Array<T>& x, const ConvAttributes& a, const char* op) {
+  const std::string name(op);
+  checkArray(x, (name + " X").c_str());
+  if (x.dims.size() < 3) fail(name + ": X must have rank >= 3, got " + formatDims(x.dims));
+  const size_t n = x.dims.size() - 2;
+  if (a.kernelShape.size() != n) fail(name + ": kernel_shape needs " + std::to_string(n) + " values");
+  Dims window{1, 1};
+  window.insert(window.end(), a.kernelShape.begin(), a.kernelShape.end());
+  const SpatialAttributes s = spatialAttributes(a, window, op);
+  PoolWindows w;
+  w.kernel = s.kernel;
+  w.inSpatial.assign(x.dims.begin() + 2, x.dims.end());
+  Dims padBegin;
+  windowGeometry(s, a.autoPad, x.dims, op, w.outSpatial, padBegin);
+  w.outDims = {x.dims[0], x.dims[1]};
+  w.outDims.insert(w.outDims.end(), w.outSpatial.begin(), w.outSpatial.end());
+  w.tables.resize(n);
+  for (size_t d = 0; d < n; ++d)
+    w.tables[d] =
+        positionTable(s.kernel[d], w.outSpatial[d], s.strides[d], s.dilations[d], padBegin[d], w.inSpatial[d]);
+  w.inStrides = rowMajorStrides(w.inSpatial);
+  w.inSize = elementCount(w.inSpatial);
+  w.outSize = elementCount(w.outSpatial);
+  w.kernelSize = elementCount(s.kernel);
+  return w;
+}
+
+// Calls f(outIndex, inIndex) for every window position inside x, over one plane, kernel offset by kernel offset.
+template <typename F>
+void forEachWindowPosition(const PoolWindows& w, F&& f) {
+  std::vector<int64_t> kernelIndex(w.kernel.size(), 0), scratch(w.kernel.size());
+  for (int64_t k = 0; k < w.kernelSize; ++k) {
+    forEachMappedPosition(w.outSpatial, w.inStrides, w.tables, kernelIndex, scratch, f);
+    nextKernelIndex(kernelIndex, w.kernel);
+  }
+}
 
 template <typename T>
 Array<T> maxPool(const Array<T>& x, const ConvAttributes& a) {
-  checkArray(x, "MaxPool X");
-  if (x.dims.size() < 3) fail("MaxPool: X must have rank >= 3, got " + formatDims(x.dims));
-  const size_t n = x.dims.size() - 2;
-  if (a.kernelShape.size() != n) fail("MaxPool: kernel_shape needs " + std::to_string(n) + " values");
-  Dims window{1, 1};
-  window.insert(window.end(), a.kernelShape.begin(), a.kernelShape.end());
-  const SpatialAttributes s = spatialAttributes(a, window, "MaxPool");
-  Dims inSpatial(x.dims.begin() + 2, x.dims.end()), outSpatial, padBegin;
-  windowGeometry(s, a.autoPad, x.dims, "MaxPool", outSpatial, padBegin);
-  Dims outDims{x.dims[0], x.dims[1]};
-  outDims.insert(outDims.end(), outSpatial.begin(), outSpatial.end());
-  Array<T> y = makeArray<T>(outDims);
+  const PoolWindows w = poolWindows(x, a, "MaxPool");
+  Array<T> y = makeArray<T>(w.outDims);
   // Padding never wins: positions outside X are skipped, as if they held -infinity.
   std::fill(y.data.begin(), y.data.end(), -std::numeric_limits<T>::infinity());
-  std::vector<std::vector<int64_t>> tables(n);
-  for (size_t d = 0; d < n; ++d)
-    tables[d] = positionTable(s.kernel[d], outSpatial[d], s.strides[d], s.dilations[d], padBegin[d], inSpatial[d]);
-  const Dims inStrides = rowMajorStrides(inSpatial);
-  const int64_t inSize = elementCount(inSpatial), outSize = elementCount(outSpatial);
-  const int64_t kernelSize = elementCount(s.kernel);
-  std::vector<int64_t> kernelIndex(n), scratch(n);
   for (int64_t plane = 0; plane < x.dims[0] * x.dims[1]; ++plane) {
-    const T* in = x.data.data() + plane * inSize;
-    T* out = y.data.data() + plane * outSize;
-    std::fill(kernelIndex.begin(), kernelIndex.end(), 0);
-    for (int64_t k = 0; k < kernelSize; ++k) {
-      // A NaN never wins a comparison: it is skipped, as std::max from -infinity would.
-      forEachMappedPosition(outSpatial, inStrides, tables, kernelIndex, scratch,
-                            [&](int64_t outIndex, int64_t inIndex) {
-                              if (in[inIndex] > out[outIndex]) out[outIndex] = in[inIndex];
-                            });
-      nextKernelIndex(kernelIndex, s.kernel);
-    }
+    const T* in = x.data.data() + plane * w.inSize;
+    T* out = y.data.data() + plane * w.outSize;
+    // A NaN never wins a comparison: it is skipped, as std::max from -infinity would.
+    forEachWindowPosition(w, [&](int64_t outIndex, int64_t inIndex) {
+      if (in[inIndex] > out[outIndex]) out[outIndex] = in[inIndex];
+    });
   }
   return y;
 }
+
+template <typename T>
+Array<T> averagePool(const Array<T>& x, const ConvAttributes& a, bool countIncludePad) {
+  const PoolWindows w = poolWindows(x, a, "AveragePool");
+  // The divisor of each output position: the window's positions inside X, or (count_include_pad) all of them.
+  std::vector<double> divisor(static_cast<size_t>(w.outSize), 0.0);
+  forEachWindowPosition(w, [&](int64_t outIndex, int64_t) { divisor[static_cast<size_t>(outIndex)] += 1.0; });
+  for (double& d : divisor) {
+    if (d == 0.0) fail("AveragePool: a window lies wholly in the padding");
+    if (countIncludePad) d = static_cast<double>(w.kernelSize);
+  }
+  Array<T> y = makeArray<T>(w.outDims);
+  std::vector<double> sums(static_cast<size_t>(w.outSize));
+  for (int64_t plane = 0; plane < x.dims[0] * x.dims[1]; ++plane) {
+    const T* in = x.data.data() + plane * w.inSize;
+    std::fill(sums.begin(), sums.end(), 0.0);
+    forEachWindowPosition(w, [&](int64_t outIndex, int64_t inIndex) {
+      sums[static_cast<size_t>(outIndex)] += static_cast<double>(in[inIndex]);
+    });
+    T* out = y.data.data() + plane * w.outSize;
+    for (int64_t i = 0; i < w.outSize; ++i)
+      out[i] = static_cast<T>(sums[static_cast<size_t>(i)] / divisor[static_cast<size_t>(i)]);
+  }
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Instantiations
 
 #define BNFOLD_FLOAT_KERNELS(T)                                                                                       \
   template Array<T> conv(const Array<T>&, const Array<T>&, const Array<T>*, const ConvAttributes&);                   \
   template Array<T> convTranspose(const Array<T>&, const Array<T>&, const Array<T>*, const ConvAttributes&);          \
   template Array<T> maxPool(const Array<T>&, const ConvAttributes&);                                                  \
+  template Array<T> averagePool(const Array<T>&, const ConvAttributes&, bool);                                        \
   template Array<T> gemm(const Array<T>&, const Array<T>&, const Array<T>*, double, double, bool, bool);              \
   template Array<T> matMul(const Array<T>&, const Array<T>&);                                                         \
   template Array<T> batchNormInference(const Array<T>&, const Array<T>&, const Array<T>&, const Array<T>&,            \

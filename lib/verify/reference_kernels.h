@@ -67,6 +67,11 @@ Array<T> convTranspose(const Array<T>& x, const Array<T>& w, const Array<T>* bia
 template <typename T>
 Array<T> maxPool(const Array<T>& x, const ConvAttributes& a);
 
+/// AveragePool: x `[N, C, D1..Dn]`, the mean of each window (geometry as maxPool, ceil_mode 0 only), over the
+/// window's positions inside x, or over all of its positions with `countIncludePad` (the padding counts as zeros).
+template <typename T>
+Array<T> averagePool(const Array<T>& x, const ConvAttributes& a, bool countIncludePad);
+
 /// Y = alpha * op(A) * op(B) + beta * C; A, B 2-D; c (null = absent) unidirectionally broadcast to [M, N].
 /// With beta == 0, C is not read (as BLAS and ORT do).
 template <typename T>

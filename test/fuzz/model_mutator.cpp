@@ -77,6 +77,7 @@ const std::vector<const char*> kOpTypes = {"Conv",
                                            "GlobalAveragePool",
                                            "ReduceMean",
                                            "MaxPool",
+                                           "AveragePool",
                                            "LeakyRelu"};
 
 // The layout ops the rules see through between a layer and its BN.
@@ -113,7 +114,8 @@ const std::vector<AttrSpec> kAttributes = {{"epsilon", AttrKind::Float},
                                            {"shape", AttrKind::Ints},
                                            {"consumed_inputs", AttrKind::Ints},
                                            {"auto_pad", AttrKind::String},
-                                           {"ceil_mode", AttrKind::Int}};
+                                           {"ceil_mode", AttrKind::Int},
+                                           {"count_include_pad", AttrKind::Int}};
 
 class Mutator {
  public:

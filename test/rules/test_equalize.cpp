@@ -486,7 +486,7 @@ TEST_CASE("equalize blocker: activations that are not positively homogeneous", "
 }
 
 TEST_CASE("equalize blocker: a reader that is not a layer", "[equalize]") {
-  CHECK(leftAlone(pairWith("  r1 = Relu (c1)\n  p1 = AveragePool <kernel_shape = [1,1]> (r1)\n  y = Conv (p1, w2)"),
+  CHECK(leftAlone(pairWith("  r1 = Relu (c1)\n  p1 = LpPool <kernel_shape = [1,1]> (r1)\n  y = Conv (p1, w2)"),
                   "Conv_0")["reason"] == "reader-not-layer");
   // MaxPools that a channel scale does not pass as --verify can check it: with ceil_mode, with Indices.
   const auto ceil = leftAlone(
@@ -1136,6 +1136,38 @@ TEST_CASE("equalize: MaxPools between layers pass the scales, before or after th
   CHECK(entries[0]["chain_layers"] == 3);
 }
 
+TEST_CASE("equalize: AveragePools between layers pass the scales, with and without count_include_pad", "[equalize]") {
+  auto model = parseModel(header() + R"(g (float[1,3,8,8] x) => (float[1,4,4,4] y)
+<)" + rowSpread("w1", {8, 3, 3, 3}, 336.0) +
+                          ", " + floats("b1", {8}, 337.0) + ", " + rowSpread("w2", {6, 8, 3, 3}, 338.0) + ", " +
+                          floats("w3", {4, 6, 3, 3}, 339.0) + R"(>
+{
+  c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+  r1 = Relu (c1)
+  p1 = AveragePool <kernel_shape = [3,3], pads = [1,1,1,1]> (r1)
+  c2 = Conv <pads = [1,1,1,1], strides = [2,2]> (p1, w2)
+  p2 = AveragePool <kernel_shape = [2,2], pads = [0,0,1,1], count_include_pad = 1> (c2)
+  r2 = Relu (p2)
+  y = Conv <pads = [0,0,1,1]> (r2, w3)
+}
+)");
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  checkEqualizedLinks(outcome.report, 2);
+  const auto& entries = section(outcome.report, "equalized");
+  CHECK(entries[0]["pools"] == nlohmann::json::array({"AveragePool_0"}));
+  CHECK(entries[1]["pools"] == nlohmann::json::array({"AveragePool_1"}));
+}
+
+TEST_CASE("equalize blocker: an AveragePool with ceil_mode", "[equalize]") {
+  const auto entry = leftAlone(
+      pairWith("  r1 = Relu (c1)\n  p1 = AveragePool <kernel_shape = [2,2], ceil_mode = 1> (r1)\n  y = Conv (p1, w2)",
+               "", 11),
+      "Conv_0");
+  CHECK(entry["reason"] == "reader-not-layer");
+  CHECK(entry["message"].get<std::string>().find("ceil_mode") != std::string::npos);
+}
+
 TEST_CASE("equalize: Conv -> Relu -> MaxPool -> Flatten -> Gemm takes the pooled dims as each channel's features",
           "[equalize]") {
   // 6x6 pooled 2x2 with stride 2: channel c is input features [9c, 9c + 9) of the Gemm (transB: w2 is [5, 72]).
@@ -1329,6 +1361,30 @@ TEST_CASE("equalize: a residual stream through a MaxPool, two Adds and a LeakyRe
   std::size_t residualEntries = 0;
   for (const auto& e : section(outcome.report, "equalized")) residualEntries += e.value("link", "") == "residual";
   CHECK(residualEntries == 1);
+}
+
+TEST_CASE("equalize: a residual stream read through an AveragePool shortcut (ResNet-D) takes one scale", "[equalize]") {
+  // The stream (s, h1) is pooled 2x2 for the projection shortcut Conv_3, whose output joins the next stage's stream
+  // (t, which nothing reads: left alone).
+  auto model = parseModel(
+      residualNet("  h1 = Relu (s)\n  q = AveragePool <kernel_shape = [2,2], strides = [2,2]> (h1)\n"
+                  "  cp = Conv (q, wp)\n  cc = Conv <pads = [1,1,1,1], strides = [2,2]> (h1, wc)\n  rc = Relu (cc)\n"
+                  "  cd = Conv <pads = [1,1,1,1]> (rc, wd)\n  t = Add (cd, cp)\n  h2 = Relu (t)",
+                  "float[1,5] y",
+                  ", " + rowSpread("wp", {8, 8, 1, 1}, 311.0) + ", " + floats("wc", {8, 8, 3, 3}, 312.0) + ", " +
+                      rowSpread("wd", {8, 8, 3, 3}, 313.0)));
+  FoldOutcome outcome = applyRulesAndCompare(*model, {"equalize"}, kTol, kTol);
+  checkSameFunction(outcome);
+  INFO(outcome.report.json().dump());
+  std::size_t streams = 0;
+  bool pooledReader = false;
+  for (const auto& entry : section(outcome.report, "equalized")) {
+    if (entry.value("link", "") != "residual") continue;
+    ++streams;
+    for (const auto& reader : entry["readers"]) pooledReader = pooledReader || reader["layer"] == "Conv_3";
+  }
+  CHECK(streams >= 1);
+  CHECK(pooledReader);  // the projection Conv reads the stream through the AveragePool
 }
 
 TEST_CASE("equalize blocker: residual streams that cannot take one scale", "[equalize]") {

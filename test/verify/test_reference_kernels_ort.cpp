@@ -306,11 +306,16 @@ Case convCase(Rng& r, size_t n) {
   return b.finish();
 }
 
-template <typename T>
-Case maxPoolCase(Rng& r, size_t n) {
+// A pool's random window geometry (kernel, strides, dilations, pads or auto_pad) and an input it fits.
+struct PoolGeometry {
+  v::ConvAttributes attributes;
+  Dims xDims;
+};
+
+PoolGeometry randomPoolGeometry(Rng& r, size_t n, double dilationChance) {
   v::ConvAttributes a;
   a.autoPad = r.pick<std::string>({"NOTSET", "NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"});
-  const bool withStrides = r.chance(0.8), withDilations = r.chance(0.6);
+  const bool withStrides = r.chance(0.8), withDilations = r.chance(dilationChance);
   const bool withPads = a.autoPad == "NOTSET" && r.chance(0.8);
   Dims kernel(n), strides(n), dilations(n), in(n), padBegin(n, 0), padEnd(n, 0);
   for (size_t d = 0; d < n; ++d) {
@@ -339,11 +344,31 @@ Case maxPoolCase(Rng& r, size_t n) {
   }
   Dims xDims{r.integer(1, 2), r.integer(1, 3)};
   xDims.insert(xDims.end(), in.begin(), in.end());
-  const Array<T> x = r.array<T>(xDims);
+  return {a, xDims};
+}
+
+template <typename T>
+Case maxPoolCase(Rng& r, size_t n) {
+  const PoolGeometry pool = randomPoolGeometry(r, n, 0.6);
+  const Array<T> x = r.array<T>(pool.xDims);
   CaseBuilder b("MaxPool", 12, TypeInfo<T>::name);
   b.input(x, "X");
-  convAttributes(b, a);
-  b.output(v::maxPool(x, a));
+  convAttributes(b, pool.attributes);
+  b.output(v::maxPool(x, pool.attributes));
+  return b.finish();
+}
+
+// Dilations came to AveragePool in opset 19.
+template <typename T>
+Case averagePoolCase(Rng& r, size_t n) {
+  const PoolGeometry pool = randomPoolGeometry(r, n, 0.5);
+  const bool countIncludePad = r.chance(0.5);
+  const Array<T> x = r.array<T>(pool.xDims);
+  CaseBuilder b("AveragePool", pool.attributes.dilations.empty() ? 11 : 19, TypeInfo<T>::name);
+  b.input(x, "X");
+  convAttributes(b, pool.attributes);
+  b.integer("count_include_pad", countIncludePad);
+  b.output(v::averagePool(x, pool.attributes, countIncludePad));
   return b.finish();
 }
 
@@ -823,6 +848,9 @@ std::vector<Case> buildCases() {
   cases.push_back(rmsNormCase<double>(r));
   cases.push_back(groupNormCase<double>(r, 21));
   cases.push_back(instanceNormCase<double>(r));
+  // Last, so that the cases above keep their random draws. Float only: ORT 1.30's CPU AveragePool has no double.
+  for (size_t n = 1; n <= 3; ++n)
+    for (int i = 0; i < 9; ++i) cases.push_back(averagePoolCase<float>(r, n));
   return cases;
 }
 
