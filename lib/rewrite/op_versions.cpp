@@ -23,6 +23,7 @@ const std::vector<OpVersions>& knownOpVersions() {
       {"Gather", {1, 11, 13}},
       {"Gemm", {1, 6, 7, 9, 11, 13}},
       {"GlobalAveragePool", {1, 22}},
+      {"GlobalMaxPool", {1, 22}},
       {"GroupNormalization", {18, 21}},
       {"Identity", {1, 13, 14, 16, 19, 21, 23, 24, 25}},
       {"InstanceNormalization", {1, 6, 22}},

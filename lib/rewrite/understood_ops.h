@@ -28,6 +28,7 @@ inline const OpVersions kReduceMean{"ReduceMean", {1, 11, 13, 18}};
 inline const OpVersions kReduceSum{"ReduceSum", {1, 11, 13}};
 // A spatial mean: norm-fuse reads means from it; it passes a channel scale through (equalize's pool junction).
 inline const OpVersions kGlobalAveragePool{"GlobalAveragePool", {1, 22}};
+inline const OpVersions kGlobalMaxPool{"GlobalMaxPool", {1, 22}};
 inline const OpVersions kCast{"Cast", {1, 6, 9, 13, 19, 21, 23, 24, 25}};
 inline const OpVersions kSqrt{"Sqrt", {1, 6, 13}};
 inline const OpVersions kReciprocal{"Reciprocal", {1, 6, 13}};

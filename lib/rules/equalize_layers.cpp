@@ -3,7 +3,7 @@
 //             Between Conv/ConvTranspose layers, MaxPools and AveragePools (ceil_mode 0) before or after A too.
 //             Junctions: Ya = La(A(L1(X))), Yb = Lb(A(L1(X))), ...                       (fan-out)
 //                        Y = G(F(A(L1(X))))   F = Flatten | Reshape to [N, C*H*W], G = Gemm | MatMul    (flatten)
-//                        Y = L(F?(P(A(L1(X)))))  P = GlobalAveragePool | ReduceMean over the spatial axes, L a
+//                        Y = L(F?(P(A(L1(X)))))  P = GlobalAveragePool | GlobalMaxPool | spatial ReduceMean, L a
 //                        Conv (P keeps dims) or Gemm | MatMul (through F, or P drops the spatial axes)    (pool)
 //                        Ya = La(C), Yb = Lb(C), C = Concat(A1(L1(X1)), A2(L2(X2)), ...) on the channel axis
 //                                                                                                    (concat)
@@ -297,7 +297,7 @@ struct JunctionProducerLayer {
 };
 struct JunctionReaderLayer {
   AffineLayer layer;
-  const Node* pool = nullptr;     // the GlobalAveragePool/ReduceMean before the reader (or its Flatten), or null
+  const Node* pool = nullptr;     // the global pool or ReduceMean before the reader (or its Flatten), or null
   const Node* flatten = nullptr;  // the Flatten/Reshape before a Gemm/MatMul reader, or null
   int64_t block = 1;
 };
@@ -329,12 +329,12 @@ std::optional<LinkProblem> junctionWeightsProblem(const Junction& junction, cons
   return weightsProblem(values, context);
 }
 
-// Whether `node` averages each channel of a rank-`rank` NC... input over all its spatial axes and nothing else:
-// GlobalAveragePool, or ReduceMean over exactly axes 2 .. rank-1; `keepsDims` says whether they stay as 1s. A mean
-// is positively homogeneous and per channel, so a channel scale passes through it.
+// Whether `node` pools each channel of a rank-`rank` NC... input over all its spatial axes and nothing else:
+// GlobalAveragePool, GlobalMaxPool, or ReduceMean over exactly axes 2 .. rank-1; `keepsDims` says whether they stay
+// as 1s. A mean or a max is positively homogeneous and per channel, so a channel scale passes through it.
 bool isSpatialMean(const Node& node, int64_t rank, const RuleContext& context, bool* keepsDims) {
   *keepsDims = true;
-  if (node.isOnnxOp("GlobalAveragePool")) return true;
+  if (node.isOnnxOp("GlobalAveragePool") || node.isOnnxOp("GlobalMaxPool")) return true;
   if (!node.isOnnxOp("ReduceMean") || rank < 3) return false;
   std::vector<int64_t> axes;
   if (context.opset() < kReduceMeanAxesInputOpset) {
@@ -958,7 +958,8 @@ class EqualizeLayers final : public Rule {
   const char* summary() const override {
     return "Cross-layer equalization: rescale the channels between two layers joined by Relu/LeakyRelu/PRelu "
            "(or nothing), a layer and the layers it fans out to, layers a channel-axis Concat joins, Conv -> "
-           "Flatten -> Gemm, Conv -> GlobalAveragePool/ReduceMean -> Gemm, or the layers that write and read a "
+           "Flatten -> Gemm, Conv -> GlobalAveragePool/GlobalMaxPool/ReduceMean -> Gemm, or the layers that write and "
+           "read a "
            "residual stream, so their per-tensor int8 weights lose less (off by default; fold --equalize)";
   }
   std::vector<std::string> rootOps() const override {
@@ -966,7 +967,7 @@ class EqualizeLayers final : public Rule {
   }
   std::vector<OpVersions> opVersions() const override {
     return joinOps(layerOps(), {kRelu, kLeakyRelu, kPRelu, kConcat, kFlatten, kReshape, kGlobalAveragePool, kReduceMean,
-                                kAdd, kMaxPool, kAveragePool});
+                                kAdd, kMaxPool, kAveragePool, kGlobalMaxPool});
   }
   bool enabledByDefault() const override { return false; }
   bool runsAfterFixedPoint() const override { return true; }

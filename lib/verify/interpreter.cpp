@@ -476,6 +476,16 @@ class Evaluator {
       setReal(node, 0, x.type, maxPool(x.real, convAttributes(node)));
       return;
     }
+    if (op == "GlobalMaxPool") {
+      // MaxPool with one window over all the spatial axes.
+      const Operand<T>& x = input(node, 0);
+      if (x.isInteger()) throw EvaluationError(describe(node) + ": integer input");
+      if (x.dims().size() < 3) throw EvaluationError(describe(node) + ": X has no spatial axis");
+      ConvAttributes whole;
+      whole.kernelShape.assign(x.dims().begin() + 2, x.dims().end());
+      setReal(node, 0, x.type, maxPool(x.real, whole));
+      return;
+    }
     if (op == "AveragePool") {
       const Operand<T>& x = input(node, 0);
       if (x.isInteger()) throw EvaluationError(describe(node) + ": integer input");
@@ -625,6 +635,7 @@ bool isEvaluableOp(const std::string& op) {
                                     "ConvTranspose",
                                     "MaxPool",
                                     "AveragePool",
+                                    "GlobalMaxPool",
                                     "Gemm",
                                     "MatMul",
                                     "BatchNormalization",

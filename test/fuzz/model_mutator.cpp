@@ -78,6 +78,7 @@ const std::vector<const char*> kOpTypes = {"Conv",
                                            "ReduceMean",
                                            "MaxPool",
                                            "AveragePool",
+                                           "GlobalMaxPool",
                                            "LeakyRelu"};
 
 // The layout ops the rules see through between a layer and its BN.

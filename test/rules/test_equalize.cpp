@@ -1214,6 +1214,13 @@ TEST_CASE("equalize: ReduceMean over the spatial axes (keepdims) -> Reshape -> M
                 {"ReduceMean", "Reshape"}, [](std::size_t i) { return i / 4; }, 24);
 }
 
+TEST_CASE("equalize: Conv -> Relu -> GlobalMaxPool -> Flatten -> Gemm passes the scales through the max",
+          "[equalize]") {
+  checkPoolHead(
+      poolHead("  p = GlobalMaxPool (r1)\n  f = Flatten (p)\n  y = Gemm <transB = 1> (f, w2)", {5, 6}, "float[2,5] y"),
+      {"GlobalMaxPool", "Flatten"}, [](std::size_t i) { return i % 6; }, 30);
+}
+
 TEST_CASE("equalize: a spatial mean without keepdims read by a Gemm, with keepdims by a 1x1 Conv", "[equalize]") {
   checkPoolHead(poolHead("  p = ReduceMean <axes = [2, 3], keepdims = 0> (r1)\n  y = Gemm (p, w2)", {6, 3},
                          "float[2,3] y"),
@@ -1248,13 +1255,13 @@ TEST_CASE("equalize blocker: a mean that is not over exactly the spatial axes", 
   // A pooled value read by the head and by a graph output.
   CHECK(leftAlone(poolHead("  p = GlobalAveragePool (r1)\n" + head, {5, 6}, "float[2,5] y, float[2,6,1,1] p"),
                   "Conv_0")["reason"] == "reader-not-layer");
-  // GlobalMaxPool would pass the scales too (a max commutes with a positive scale), but is not looked through yet.
-  CHECK(leftAlone(poolHead("  p = GlobalMaxPool (r1)\n" + head, {5, 6}, "float[2,5] y"), "Conv_0")["reason"] ==
-        "reader-not-layer");
+  // A max over one spatial axis (ReduceMax is not looked through).
+  CHECK(leftAlone(poolHead("  p = ReduceMax <axes = [3]> (r1)\n" + head, {5, 24}, "float[2,5] y"),
+                  "Conv_0")["reason"] == "reader-not-layer");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Residual streams: the values Adds join (with the Relus and MaxPools on them), written by several layers and read
+// Residual streams: the values Adds join (with the Relus and pools on them), written by several layers and read
 // by several, take one scale per channel.
 
 namespace {

@@ -372,6 +372,27 @@ Case averagePoolCase(Rng& r, size_t n) {
   return b.finish();
 }
 
+// GlobalMaxPool (a MaxPool with one window over the spatial axes) and GlobalAveragePool (a mean over them), as the
+// interpreter evaluates them.
+template <typename T>
+Case globalPoolCase(Rng& r, size_t n, bool max) {
+  Dims xDims{r.integer(1, 2), r.integer(1, 3)};
+  for (size_t d = 0; d < n; ++d) xDims.push_back(r.integer(1, 4));
+  const Array<T> x = r.array<T>(xDims);
+  CaseBuilder b(max ? "GlobalMaxPool" : "GlobalAveragePool", 1, TypeInfo<T>::name);
+  b.input(x, "X");
+  if (max) {
+    v::ConvAttributes whole;
+    whole.kernelShape.assign(xDims.begin() + 2, xDims.end());
+    b.output(v::maxPool(x, whole));
+  } else {
+    std::vector<int64_t> spatial;
+    for (size_t d = 0; d < n; ++d) spatial.push_back(static_cast<int64_t>(d + 2));
+    b.output(v::reduceMean(x, spatial, true));
+  }
+  return b.finish();
+}
+
 template <typename T>
 Case convTransposeCase(Rng& r, size_t n) {
   const auto [group, inPerGroup, outPerGroup] = randomGroups(r);
@@ -848,9 +869,15 @@ std::vector<Case> buildCases() {
   cases.push_back(rmsNormCase<double>(r));
   cases.push_back(groupNormCase<double>(r, 21));
   cases.push_back(instanceNormCase<double>(r));
-  // Last, so that the cases above keep their random draws. Float only: ORT 1.30's CPU AveragePool has no double.
+  // Last, so that the cases above keep their random draws. Float only: ORT 1.30's CPU AveragePool and global pools
+  // have no double.
   for (size_t n = 1; n <= 3; ++n)
     for (int i = 0; i < 9; ++i) cases.push_back(averagePoolCase<float>(r, n));
+  for (size_t n = 1; n <= 3; ++n)
+    for (bool max : {true, false}) {
+      cases.push_back(globalPoolCase<float>(r, n, max));
+      cases.push_back(globalPoolCase<float>(r, n, max));
+    }
   return cases;
 }
 
