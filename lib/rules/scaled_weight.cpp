@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -18,6 +19,39 @@ void readWhole(const DeferredBytes& source, int64_t elementBytes, int64_t offset
                                 std::to_string(length) + " does not fall on element boundaries");
   source.read(offset, length, out);
 }
+
+// Scaled elements straight to doubles, as read() and then Tensor::toDoubles would give them (each rounded to T once),
+// in one pass over the stored bytes: a weight equalize reads is summarised, never written back.
+template <typename T>
+void runToDoubles(const char* raw, int64_t count, double factor, double* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    T value;
+    std::memcpy(&value, raw + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+    out[i] = static_cast<double>(static_cast<T>(static_cast<double>(value) * factor));
+  }
+}
+
+template <typename T>
+void elementsToDoubles(const char* raw, int64_t count, const double* factors, double* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    T value;
+    std::memcpy(&value, raw + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+    out[i] = static_cast<double>(static_cast<T>(static_cast<double>(value) * factors[i]));
+  }
+}
+
+template <typename T>
+void twiceScaledToDoubles(const char* raw, int64_t count, const double* first, const double* second, double* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    T value;
+    std::memcpy(&value, raw + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+    out[i] = static_cast<double>(static_cast<T>(static_cast<double>(value) * first[i] * second[i]));
+  }
+}
+
+// Whether the scaled classes read `type` straight to doubles (the 16-bit types round through float to odd, which
+// only scaleElementsInPlace does).
+bool readsAsDoubles(DataType type) { return type == DataType::Float || type == DataType::Double; }
 
 class ScaledChannelBytes final : public DeferredBytes {
  public:
@@ -55,6 +89,33 @@ class ScaledChannelBytes final : public DeferredBytes {
                                  scaleElementsInPlace(type_, out + first * elementBytes_, count,
                                                       scale_[static_cast<std::size_t>(channel)]);
                                });
+  }
+
+  /// Elements [first, first + count) as doubles (readsAsDoubles(type()) only); `raw` holds their stored bytes.
+  void readDoubles(int64_t first, int64_t count, double* out, std::vector<char>& raw) const {
+    raw.resize(static_cast<std::size_t>(count * elementBytes_));
+    source_->read(first * elementBytes_, count * elementBytes_, raw.data());
+    const bool isFloat = type_ == DataType::Float;
+    if (indexing_.inner == 1) {
+      for (int64_t i = first; i < first + count;) {
+        const int64_t run = std::min(indexing_.perGroup - i % indexing_.perGroup, first + count - i);
+        const char* bytes = raw.data() + (i - first) * elementBytes_;
+        const double* factors = scale_.data() + indexing_.channel(i);
+        if (isFloat)
+          elementsToDoubles<float>(bytes, run, factors, out + (i - first));
+        else
+          elementsToDoubles<double>(bytes, run, factors, out + (i - first));
+        i += run;
+      }
+      return;
+    }
+    kernels::forEachChannelRun(indexing_, first, count, [&](int64_t at, int64_t run, int64_t channel) {
+      const double factor = scale_[static_cast<std::size_t>(channel)];
+      if (isFloat)
+        runToDoubles<float>(raw.data() + at * elementBytes_, run, factor, out + at);
+      else
+        runToDoubles<double>(raw.data() + at * elementBytes_, run, factor, out + at);
+    });
   }
 
  private:
@@ -105,16 +166,34 @@ class ScaledBothSidesBytes final : public DeferredBytes {
 
   void read(int64_t offset, int64_t length, char* out) const override {
     readWhole(*source_, elementBytes_, offset, length, out);
-    // Each element's two factors, a block at a time.
+    // Each element's two factors, a block at a time (uninitialised: every element is written before it is read).
     constexpr int64_t kBlock = 4096;
-    std::vector<double> outFactor(kBlock), inFactor(kBlock);
+    const std::unique_ptr<double[]> outFactor(new double[kBlock]), inFactor(new double[kBlock]);
     const int64_t first = offset / elementBytes_;
     const int64_t count = length / elementBytes_;
     for (int64_t done = 0; done < count; done += kBlock) {
       const int64_t block = std::min(kBlock, count - done);
-      elementFactors(outIndexing_, outFactors_, first + done, block, outFactor.data());
-      elementFactors(inIndexing_, inFactors_, first + done, block, inFactor.data());
-      scaleElementsInPlace(type_, out + done * elementBytes_, block, outFactor.data(), inFactor.data());
+      elementFactors(outIndexing_, outFactors_, first + done, block, outFactor.get());
+      elementFactors(inIndexing_, inFactors_, first + done, block, inFactor.get());
+      scaleElementsInPlace(type_, out + done * elementBytes_, block, outFactor.get(), inFactor.get());
+    }
+  }
+
+  /// Elements [first, first + count) as doubles (readsAsDoubles(type()) only); `raw` holds their stored bytes.
+  void readDoubles(int64_t first, int64_t count, double* out, std::vector<char>& raw) const {
+    raw.resize(static_cast<std::size_t>(count * elementBytes_));
+    source_->read(first * elementBytes_, count * elementBytes_, raw.data());
+    constexpr int64_t kBlock = 4096;
+    const std::unique_ptr<double[]> outFactor(new double[kBlock]), inFactor(new double[kBlock]);
+    for (int64_t done = 0; done < count; done += kBlock) {
+      const int64_t block = std::min(kBlock, count - done);
+      elementFactors(outIndexing_, outFactors_, first + done, block, outFactor.get());
+      elementFactors(inIndexing_, inFactors_, first + done, block, inFactor.get());
+      const char* bytes = raw.data() + done * elementBytes_;
+      if (type_ == DataType::Float)
+        twiceScaledToDoubles<float>(bytes, block, outFactor.get(), inFactor.get(), out + done);
+      else
+        twiceScaledToDoubles<double>(bytes, block, outFactor.get(), inFactor.get(), out + done);
     }
   }
 
@@ -157,6 +236,16 @@ kernels::WeightReader weightReader(const Tensor& weight) {
   const Converter convert = converterFor(weight.dataType());
   const auto elementBytes = static_cast<int64_t>(elementSize(weight.dataType()));
   std::shared_ptr<const DeferredBytes> source = weight.byteSource();
+  // A scaled weight (a folded BN's, an earlier equalization's) straight from the bytes below it to doubles.
+  auto raw = std::make_shared<std::vector<char>>();
+  if (const auto* scaled = dynamic_cast<const ScaledChannelBytes*>(source.get());
+      scaled && readsAsDoubles(scaled->type()))
+    return [source, scaled, raw](int64_t first, int64_t count, double* out) {
+      scaled->readDoubles(first, count, out, *raw);
+    };
+  if (const auto* both = dynamic_cast<const ScaledBothSidesBytes*>(source.get()); both && readsAsDoubles(both->type()))
+    return
+        [source, both, raw](int64_t first, int64_t count, double* out) { both->readDoubles(first, count, out, *raw); };
   if (const std::optional<std::string_view> held = source->inMemory())
     return [source, held = *held, convert, elementBytes](int64_t first, int64_t count, double* out) {
       convert(held.data() + first * elementBytes, count, out);
