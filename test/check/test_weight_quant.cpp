@@ -233,16 +233,16 @@ TEST_CASE("weight quant: a MatMul that folding turns into a Gemm keeps one row",
 
 TEST_CASE("weight quant: a layer read by a pool is left off with equalize's reason for it", "[weight-quant]") {
   std::string text = twoLayerModel("Relu", 1.0);
-  // The first Conv's BN output goes to a pool equalize does not look through (GlobalMaxPool): there is no second layer to equalize with, and equalize says so
+  // The first Conv's BN output goes to a pool equalize does not look through (GlobalLpPool): there is no second layer to equalize with, and equalize says so
   // quietly (no not_equalized entry); its match gives the reason.
-  text.replace(text.find("a1 = Relu(n1)"), 13, "a1 = GlobalMaxPool(n1)");
+  text.replace(text.find("a1 = Relu(n1)"), 13, "a1 = GlobalLpPool(n1)");
   text.replace(text.find("float[1,4,4,4] y"), 16, "float[1,4,1,1] y");
   auto model = bnfold::test::parseModel(text);
   const auto summary = bnfold::summarizeWeightQuant(*model, defaultOptions());
   REQUIRE(summary.leftOff.size() == 1);
   CHECK(summary.leftOff[0].node == "Conv_0");
   CHECK(summary.leftOff[0].reason == "reader-not-layer");
-  CHECK_THAT(summary.leftOff[0].message, Catch::Contains("GlobalMaxPool"));
+  CHECK_THAT(summary.leftOff[0].message, Catch::Contains("GlobalLpPool"));
 }
 
 TEST_CASE("weight quant: the last layer of a chain with nothing after it is left off with no-link",
