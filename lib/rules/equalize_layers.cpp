@@ -1176,8 +1176,14 @@ class EqualizeLayers final : public Rule {
       return MatchResult::quietFailure(
           reason::kNotImproving, "'" + add.name() + "' is equalized with the residual stream of an Add before it");
     auto found = residualStream(add, context);
-    if (auto* problem = std::get_if<LinkProblem>(&found))
-      return MatchResult::quietFailure(problem->failure.code, problem->failure.message);
+    if (auto* problem = std::get_if<LinkProblem>(&found)) {
+      // Most Adds that are no stream of layers (a constant bias, a graph input) say so quietly; a node the user
+      // keeps, or a stream that leaves the graph, is a stream left whole worth its entry.
+      const bool worthAnEntry =
+          problem->failure.code == reason::kKeptByUser || problem->failure.code == reason::kLayerInOtherGraph;
+      return worthAnEntry ? MatchResult::failure(problem->failure.code, problem->failure.message)
+                          : MatchResult::quietFailure(problem->failure.code, problem->failure.message);
+    }
     const ResidualStream& stream = std::get<ResidualStream>(found);
     // Two Adds can each start a branch of one stream: the first in node order matches it.
     const Node* firstAdd = *std::min_element(stream.adds.begin(), stream.adds.end(),

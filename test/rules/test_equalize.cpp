@@ -1425,6 +1425,23 @@ TEST_CASE("equalize blocker: residual streams that cannot take one scale", "[equ
                                       "float[1,5] y, float[1,8,4,4] z"))["reason"] == "shared-weights");
 }
 
+TEST_CASE("equalize blocker: a residual stream with a node the user keeps is left whole, with its entry",
+          "[equalize]") {
+  auto model = parseModel(residualNet());
+  RuleOptions options;
+  options.keepNodes = {"Relu_0"};  // the stem's Relu, on the stream
+  const Report report = applyRules(*model, {"equalize"}, options);
+  for (const auto& entry : section(report, "equalized")) CHECK(entry.value("link", "") != "residual");
+  bool stream = false;
+  for (const auto& entry : section(report, "not_equalized"))
+    if (entry["op"] == "Add") {
+      stream = true;
+      CHECK(entry["reason"] == "kept-by-user");
+      CHECK(entry["message"].get<std::string>().find("Relu_0") != std::string::npos);
+    }
+  CHECK(stream);
+}
+
 TEST_CASE("equalize: fold --equalize --verify on a residual block with BatchNormalization, the report in the schema",
           "[equalize][cli]") {
   const std::string text = header() + R"(g (float[1,3,6,6] x) => (float[1,5] y)
