@@ -40,12 +40,73 @@ void elementsToDoubles(const char* raw, int64_t count, const double* factors, do
   }
 }
 
+// Elements [at, at + length) of a read whose output and input factors are out[i * outStride] and in[i * inStride]:
+// stride 0 for one factor over the stretch, 1 for one per element.
+struct FactorStretch {
+  int64_t at = 0, length = 0;
+  const double* out = nullptr;
+  int64_t outStride = 0;
+  const double* in = nullptr;
+  int64_t inStride = 0;
+};
+
+// Elements [first, first + count) as stretches of at most one factor per side: runs of one channel on the side whose
+// channels change least often, split into runs of the other side's channels, or, where those change every element
+// (a 1x1 Conv's or a dense layer's input side), into rows that take consecutive factors.
+template <typename F>
+void forEachFactorStretch(const kernels::ChannelIndexing& outIndexing, const std::vector<double>& outFactors,
+                          const kernels::ChannelIndexing& inIndexing, const std::vector<double>& inFactors,
+                          int64_t first, int64_t count, F&& onStretch) {
+  const bool outOuter = outIndexing.inner >= inIndexing.inner;
+  const kernels::ChannelIndexing& outer = outOuter ? outIndexing : inIndexing;
+  const kernels::ChannelIndexing& inner = outOuter ? inIndexing : outIndexing;
+  const std::vector<double>& outerFactors = outOuter ? outFactors : inFactors;
+  const std::vector<double>& innerFactors = outOuter ? inFactors : outFactors;
+  kernels::forEachChannelRun(outer, first, count, [&](int64_t at, int64_t length, int64_t channel) {
+    const double* outerFactor = &outerFactors[static_cast<std::size_t>(channel)];
+    auto emit = [&](int64_t stretchAt, int64_t stretchLength, const double* innerFactor, int64_t innerStride) {
+      FactorStretch stretch;
+      stretch.at = stretchAt;
+      stretch.length = stretchLength;
+      (outOuter ? stretch.out : stretch.in) = outerFactor;
+      (outOuter ? stretch.in : stretch.out) = innerFactor;
+      (outOuter ? stretch.inStride : stretch.outStride) = innerStride;
+      onStretch(stretch);
+    };
+    const int64_t start = first + at;
+    if (inner.inner == 1) {
+      for (int64_t i = start; i < start + length;) {
+        const int64_t run = std::min(inner.perGroup - i % inner.perGroup, start + length - i);
+        emit(i - first, run, innerFactors.data() + inner.channel(i), 1);
+        i += run;
+      }
+      return;
+    }
+    kernels::forEachChannelRun(inner, start, length, [&](int64_t innerAt, int64_t innerLength, int64_t innerChannel) {
+      emit(at + innerAt, innerLength, &innerFactors[static_cast<std::size_t>(innerChannel)], 0);
+    });
+  });
+}
+
+// A stretch's elements times both factors, in double (the output's first), rounded once to T: in place, or widened
+// to doubles.
 template <typename T>
-void twiceScaledToDoubles(const char* raw, int64_t count, const double* first, const double* second, double* out) {
-  for (int64_t i = 0; i < count; ++i) {
+void scaleStretchInPlace(char* bytes, const FactorStretch& s) {
+  for (int64_t i = 0; i < s.length; ++i) {
+    T value;
+    std::memcpy(&value, bytes + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+    const T scaled = static_cast<T>(static_cast<double>(value) * s.out[i * s.outStride] * s.in[i * s.inStride]);
+    std::memcpy(bytes + i * static_cast<int64_t>(sizeof(T)), &scaled, sizeof(T));
+  }
+}
+
+template <typename T>
+void stretchToDoubles(const char* raw, const FactorStretch& s, double* out) {
+  for (int64_t i = 0; i < s.length; ++i) {
     T value;
     std::memcpy(&value, raw + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
-    out[i] = static_cast<double>(static_cast<T>(static_cast<double>(value) * first[i] * second[i]));
+    out[i] =
+        static_cast<double>(static_cast<T>(static_cast<double>(value) * s.out[i * s.outStride] * s.in[i * s.inStride]));
   }
 }
 
@@ -166,11 +227,24 @@ class ScaledBothSidesBytes final : public DeferredBytes {
 
   void read(int64_t offset, int64_t length, char* out) const override {
     readWhole(*source_, elementBytes_, offset, length, out);
-    // Each element's two factors, a block at a time (uninitialised: every element is written before it is read).
-    constexpr int64_t kBlock = 4096;
-    const std::unique_ptr<double[]> outFactor(new double[kBlock]), inFactor(new double[kBlock]);
     const int64_t first = offset / elementBytes_;
     const int64_t count = length / elementBytes_;
+    if (readsAsDoubles(type_)) {
+      const bool isFloat = type_ == DataType::Float;
+      forEachFactorStretch(outIndexing_, outFactors_, inIndexing_, inFactors_, first, count,
+                           [&](const FactorStretch& stretch) {
+                             char* bytes = out + stretch.at * elementBytes_;
+                             if (isFloat)
+                               scaleStretchInPlace<float>(bytes, stretch);
+                             else
+                               scaleStretchInPlace<double>(bytes, stretch);
+                           });
+      return;
+    }
+    // The 16-bit types: each element's two factors, a block at a time, for scaleElementsInPlace (uninitialised:
+    // every element is written before it is read).
+    constexpr int64_t kBlock = 4096;
+    const std::unique_ptr<double[]> outFactor(new double[kBlock]), inFactor(new double[kBlock]);
     for (int64_t done = 0; done < count; done += kBlock) {
       const int64_t block = std::min(kBlock, count - done);
       elementFactors(outIndexing_, outFactors_, first + done, block, outFactor.get());
@@ -183,18 +257,15 @@ class ScaledBothSidesBytes final : public DeferredBytes {
   void readDoubles(int64_t first, int64_t count, double* out, std::vector<char>& raw) const {
     raw.resize(static_cast<std::size_t>(count * elementBytes_));
     source_->read(first * elementBytes_, count * elementBytes_, raw.data());
-    constexpr int64_t kBlock = 4096;
-    const std::unique_ptr<double[]> outFactor(new double[kBlock]), inFactor(new double[kBlock]);
-    for (int64_t done = 0; done < count; done += kBlock) {
-      const int64_t block = std::min(kBlock, count - done);
-      elementFactors(outIndexing_, outFactors_, first + done, block, outFactor.get());
-      elementFactors(inIndexing_, inFactors_, first + done, block, inFactor.get());
-      const char* bytes = raw.data() + done * elementBytes_;
-      if (type_ == DataType::Float)
-        twiceScaledToDoubles<float>(bytes, block, outFactor.get(), inFactor.get(), out + done);
-      else
-        twiceScaledToDoubles<double>(bytes, block, outFactor.get(), inFactor.get(), out + done);
-    }
+    const bool isFloat = type_ == DataType::Float;
+    forEachFactorStretch(outIndexing_, outFactors_, inIndexing_, inFactors_, first, count,
+                         [&](const FactorStretch& stretch) {
+                           const char* bytes = raw.data() + stretch.at * elementBytes_;
+                           if (isFloat)
+                             stretchToDoubles<float>(bytes, stretch, out + stretch.at);
+                           else
+                             stretchToDoubles<double>(bytes, stretch, out + stretch.at);
+                         });
   }
 
  private:

@@ -44,19 +44,23 @@ void checkRoundedOnce(const DeferredBytes& bytes, DataType type, const kernels::
   }
 }
 
+/// A weight of each layout the scalings index: grouped Conv (3x3 and 1x1), grouped ConvTranspose, Gemm (transB 0
+/// and 1), MatMul.
+std::vector<std::pair<kernels::WeightLayout, kernels::Dims>> weightLayouts() {
+  using Kind = kernels::WeightKind;
+  return {{{Kind::Conv, 2, false}, {6, 2, 3, 3}},
+          {{Kind::Conv, 1, false}, {6, 4, 1, 1}},
+          {{Kind::ConvTranspose, 3, false}, {6, 2, 2, 1}},
+          {{Kind::Gemm, 1, false}, {5, 7}},
+          {{Kind::Gemm, 1, true}, {7, 5}},
+          {{Kind::MatMul, 1, false}, {4, 9}}};
+}
+
 }  // namespace
 
 TEST_CASE("scaled weights read in any chunking equal the eager double computation", "[scaled-weight]") {
-  using Kind = kernels::WeightKind;
-  const std::vector<std::pair<kernels::WeightLayout, kernels::Dims>> layouts = {
-      {{Kind::Conv, 2, false}, {6, 2, 3, 3}},
-      {{Kind::ConvTranspose, 3, false}, {6, 2, 2, 1}},
-      {{Kind::Gemm, 1, false}, {5, 7}},
-      {{Kind::Gemm, 1, true}, {7, 5}},
-      {{Kind::MatMul, 1, false}, {4, 9}},
-  };
   for (DataType type : {DataType::Float, DataType::Double, DataType::Float16, DataType::BFloat16}) {
-    for (const auto& [layout, dims] : layouts) {
+    for (const auto& [layout, dims] : weightLayouts()) {
       for (bool output : {true, false}) {
         INFO(dataTypeName(type) << " kind " << static_cast<int>(layout.kind) << (output ? " output" : " input"));
         const auto channels = output ? *kernels::outputChannelCount(layout, dims)
@@ -139,6 +143,39 @@ TEST_CASE("a weight reader gives toDoubles' values in any piece, held or compute
     }
   }
   CHECK_THROWS_AS(rules::weightReader(Tensor::fromInt64s("i", {2}, {1, 2})), std::invalid_argument);
+}
+
+TEST_CASE("a weight reader of a weight scaled on either side or both gives toDoubles' values in any layout",
+          "[scaled-weight]") {
+  // Float and double are read straight from the bytes below the scaling (readDoubles), the others through read():
+  // both must give what the scaled bytes hold.
+  for (DataType type : {DataType::Float, DataType::Double, DataType::Float16, DataType::BFloat16}) {
+    for (const auto& [layout, dims] : weightLayouts()) {
+      INFO(dataTypeName(type) << " kind " << static_cast<int>(layout.kind) << " dims " << dims.size());
+      const auto outIndexing = *kernels::outputChannelIndexing(layout, dims);
+      const auto inIndexing = *kernels::inputChannelIndexing(layout, dims);
+      const std::vector<double> outScale =
+          sampleValues(static_cast<std::size_t>(*kernels::outputChannelCount(layout, dims)), 6.0, -2.0, 2.0);
+      const std::vector<double> inScale =
+          sampleValues(static_cast<std::size_t>(*kernels::inputChannelCount(layout, dims)), 7.0, -2.0, 2.0);
+      const Tensor held = Tensor::fromDoubles("w", type, dims, sampleValues(product(dims, 0), 8.0, -3.0, 3.0));
+      const std::vector<std::shared_ptr<const DeferredBytes>> scaled = {
+          rules::scaledChannelBytes(held.byteSource(), type, outIndexing, outScale),
+          rules::scaledChannelBytes(held.byteSource(), type, inIndexing, inScale),
+          rules::scaledBothSidesBytes(held.byteSource(), type, outIndexing, outScale, inIndexing, inScale)};
+      for (const auto& bytes : scaled) {
+        const Tensor weight = Tensor::deferred("s", type, dims, bytes);
+        const std::vector<double> expected = weight.toDoubles();
+        const kernels::WeightReader read = rules::weightReader(weight);
+        for (int64_t piece : {1, 5, 7, 1000}) {
+          std::vector<double> values(expected.size());
+          for (int64_t first = 0; first < static_cast<int64_t>(values.size()); first += piece)
+            read(first, std::min<int64_t>(piece, static_cast<int64_t>(values.size()) - first), values.data() + first);
+          CHECK(values == expected);
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("a folded weight of an external-data model is streamed into the output's data file", "[scaled-weight][external]") {
