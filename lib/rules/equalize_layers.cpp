@@ -195,6 +195,17 @@ nlohmann::json poolNames(const std::vector<const Node*>& pools) {
   return names;
 }
 
+// `node` read as an affine layer (a constant floating weight that is not DequantizeLinear's), or why it cannot be.
+std::variant<AffineLayer, LinkProblem> layerOrProblem(const Node& node, const RuleContext& context) {
+  if (isQuantized(node.input(1)))
+    return LinkProblem{
+        failure(reason::kQuantizedWeights, "the weight of '" + node.name() + "' comes from DequantizeLinear")};
+  MatchFailure why;
+  auto layer = readAffineLayer(node, context, &why);
+  if (!layer) return LinkProblem{asLayerFailure(why)};
+  return std::move(*layer);
+}
+
 // `second` read as the layer that takes the inverse of `first`'s output scales on its input channels, `block`
 // consecutive input features per channel of `first` (more than 1 through a Flatten), or why it cannot. `features`:
 // a spatial `first`'s channels reach `second` as the features of a 2-D input (through a Flatten or a spatial mean
@@ -205,12 +216,9 @@ std::variant<AffineLayer, LinkProblem> readerLayer(const Node& second, const Aff
   if (second.graph() != first.node->graph())
     return LinkProblem{
         failure(reason::kLayerInOtherGraph, "'" + second.name() + "' is in another graph than '" + from + "'")};
-  if (isQuantized(second.input(1)))
-    return LinkProblem{
-        failure(reason::kQuantizedWeights, "the weight of '" + second.name() + "' comes from DequantizeLinear")};
-  MatchFailure why;
-  auto next = readAffineLayer(second, context, &why);
-  if (!next) return LinkProblem{asLayerFailure(why)};
+  auto read = layerOrProblem(second, context);
+  if (auto* problem = std::get_if<LinkProblem>(&read)) return std::move(*problem);
+  AffineLayer* next = &std::get<AffineLayer>(read);
   const bool sameAxis = features ? first.isSpatial() && !next->isSpatial() : first.isSpatial() == next->isSpatial();
   if (!sameAxis || (next->isGemm() && next->transA))
     return LinkProblem{failure(reason::kChannelAxisMismatch, "the output channels of '" + from + "' (" +
@@ -506,12 +514,9 @@ std::variant<Junction, LinkProblem> concatJunction(const Node& concat, const Rul
     if (node->graph() != concat.graph())
       return LinkProblem{
           failure(reason::kLayerInOtherGraph, "'" + node->name() + "' is in another graph than '" + name + "'")};
-    if (isQuantized(node->input(1)))
-      return LinkProblem{
-          failure(reason::kQuantizedWeights, "the weight of '" + node->name() + "' comes from DequantizeLinear")};
-    MatchFailure why;
-    auto layer = readAffineLayer(*node, context, &why);
-    if (!layer) return LinkProblem{asLayerFailure(why)};
+    auto read = layerOrProblem(*node, context);
+    if (auto* problem = std::get_if<LinkProblem>(&read)) return std::move(*problem);
+    AffineLayer* layer = &std::get<AffineLayer>(read);
     const int64_t rank = layer->isSpatial() ? static_cast<int64_t>(layer->weight->dims().size())
                                            : (layer->isGemm() ? 2 : layer->outputRank);
     if (rank < 1)
@@ -915,12 +920,9 @@ std::variant<Junction, LinkProblem> residualJunction(const Node& add, const Resi
   junction.kind = "residual";
   junction.adds = stream.adds;
   for (const Node* node : stream.producers) {
-    if (isQuantized(node->input(1)))
-      return LinkProblem{
-          failure(reason::kQuantizedWeights, "the weight of '" + node->name() + "' comes from DequantizeLinear")};
-    MatchFailure why;
-    auto layer = readAffineLayer(*node, context, &why);
-    if (!layer) return LinkProblem{asLayerFailure(why)};
+    auto read = layerOrProblem(*node, context);
+    if (auto* problem = std::get_if<LinkProblem>(&read)) return std::move(*problem);
+    AffineLayer* layer = &std::get<AffineLayer>(read);
     const AffineLayer* first = junction.producers.empty() ? nullptr : &junction.producers.front().layer;
     if (!layer->isSpatial() || (first && (layer->outputChannels != first->outputChannels ||
                                           layer->weight->dims().size() != first->weight->dims().size())))
