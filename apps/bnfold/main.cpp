@@ -49,6 +49,13 @@ int main(int argc, char** argv) {
   // those chunks are out of the cache. Measured on a 40,000-node Conv+BN chain: `fold` 1.08 s -> 0.90 s, rules
   // phase 0.31 s -> 0.26 s, same peak RSS; ResNet-50 and MobileNetV2 unchanged.
   mallopt(M_MXFAST, 0);
+  // Keep freed memory for the next allocation instead of handing it back to the kernel at once: a fold allocates
+  // and frees per-rule and per-chain tables of up to a few MB, and with glibc's defaults (blocks over 128 KB mapped
+  // on their own, the heap trimmed above 128 KB free) each new one is fresh pages the kernel must fault in and zero.
+  // Blocks above 32 MB are still mapped on their own. Measured in alternating runs: graph-heavy `fold` 0.92x,
+  // ResNet-50 `fold` 0.94x and `fold --equalize` 0.93x (16,300 -> 6,200 page faults); peak RSS within 4%.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
 #endif
   CLI::App app{kDescription, "bnfold"};
   app.footer(kFooter);
