@@ -20,23 +20,33 @@ void readWhole(const DeferredBytes& source, int64_t elementBytes, int64_t offset
   source.read(offset, length, out);
 }
 
-// Scaled elements straight to doubles, as read() and then Tensor::toDoubles would give them (each rounded to T once),
-// in one pass over the stored bytes: a weight equalize reads is summarised, never written back.
-template <typename T>
-void runToDoubles(const char* raw, int64_t count, double factor, double* out) {
-  for (int64_t i = 0; i < count; ++i) {
-    T value;
-    std::memcpy(&value, raw + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
-    out[i] = static_cast<double>(static_cast<T>(static_cast<double>(value) * factor));
+// onRun(at, length, factor, stride) for elements [first, first + count) under `indexing`, at relative to `first`: the
+// element at + i takes factor[i * stride]. Runs of one channel (stride 0), or, where channels change every element
+// (a 1x1 Conv's or a dense layer's input side, a MatMul's output side), rows of consecutive channels (stride 1).
+template <typename F>
+void forEachChannelStretch(const kernels::ChannelIndexing& indexing, const std::vector<double>& factors, int64_t first,
+                           int64_t count, F&& onRun) {
+  if (indexing.inner == 1) {
+    for (int64_t i = first; i < first + count;) {
+      const int64_t run = std::min(indexing.perGroup - i % indexing.perGroup, first + count - i);
+      onRun(i - first, run, factors.data() + indexing.channel(i), int64_t{1});
+      i += run;
+    }
+    return;
   }
+  kernels::forEachChannelRun(indexing, first, count, [&](int64_t at, int64_t run, int64_t channel) {
+    onRun(at, run, &factors[static_cast<std::size_t>(channel)], int64_t{0});
+  });
 }
 
+// Elements times factor[i * stride] (stride 0: one factor, 1: one each), in double, rounded once to T and widened to
+// doubles: as read() and then Tensor::toDoubles give them, in one pass over the stored bytes.
 template <typename T>
-void elementsToDoubles(const char* raw, int64_t count, const double* factors, double* out) {
+void scaledToDoubles(const char* raw, int64_t count, const double* factor, int64_t stride, double* out) {
   for (int64_t i = 0; i < count; ++i) {
     T value;
     std::memcpy(&value, raw + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
-    out[i] = static_cast<double>(static_cast<T>(static_cast<double>(value) * factors[i]));
+    out[i] = static_cast<double>(static_cast<T>(static_cast<double>(value) * factor[i * stride]));
   }
 }
 
@@ -51,8 +61,7 @@ struct FactorStretch {
 };
 
 // Elements [first, first + count) as stretches of at most one factor per side: runs of one channel on the side whose
-// channels change least often, split into runs of the other side's channels, or, where those change every element
-// (a 1x1 Conv's or a dense layer's input side), into rows that take consecutive factors.
+// channels change least often, split by the other side's channels as forEachChannelStretch splits them.
 template <typename F>
 void forEachFactorStretch(const kernels::ChannelIndexing& outIndexing, const std::vector<double>& outFactors,
                           const kernels::ChannelIndexing& inIndexing, const std::vector<double>& inFactors,
@@ -73,18 +82,10 @@ void forEachFactorStretch(const kernels::ChannelIndexing& outIndexing, const std
       (outOuter ? stretch.inStride : stretch.outStride) = innerStride;
       onStretch(stretch);
     };
-    const int64_t start = first + at;
-    if (inner.inner == 1) {
-      for (int64_t i = start; i < start + length;) {
-        const int64_t run = std::min(inner.perGroup - i % inner.perGroup, start + length - i);
-        emit(i - first, run, innerFactors.data() + inner.channel(i), 1);
-        i += run;
-      }
-      return;
-    }
-    kernels::forEachChannelRun(inner, start, length, [&](int64_t innerAt, int64_t innerLength, int64_t innerChannel) {
-      emit(at + innerAt, innerLength, &innerFactors[static_cast<std::size_t>(innerChannel)], 0);
-    });
+    forEachChannelStretch(inner, innerFactors, first + at, length,
+                          [&](int64_t innerAt, int64_t innerLength, const double* innerFactor, int64_t innerStride) {
+                            emit(at + innerAt, innerLength, innerFactor, innerStride);
+                          });
   });
 }
 
@@ -133,23 +134,14 @@ class ScaledChannelBytes final : public DeferredBytes {
 
   void read(int64_t offset, int64_t length, char* out) const override {
     readWhole(*source_, elementBytes_, offset, length, out);
-    const int64_t first = offset / elementBytes_;
-    const int64_t count = length / elementBytes_;
-    if (indexing_.inner == 1) {
-      // Channels change every element (columns): take a row's worth of consecutive channels at a time.
-      for (int64_t i = first; i < first + count;) {
-        const int64_t run = std::min(indexing_.perGroup - i % indexing_.perGroup, first + count - i);
-        scaleElementsInPlace(type_, out + (i - first) * elementBytes_, run,
-                             scale_.data() + indexing_.channel(i));
-        i += run;
-      }
-      return;
-    }
-    kernels::forEachChannelRun(indexing_, first, count,
-                               [&](int64_t first, int64_t count, int64_t channel) {
-                                 scaleElementsInPlace(type_, out + first * elementBytes_, count,
-                                                      scale_[static_cast<std::size_t>(channel)]);
-                               });
+    forEachChannelStretch(indexing_, scale_, offset / elementBytes_, length / elementBytes_,
+                          [&](int64_t at, int64_t run, const double* factor, int64_t stride) {
+                            char* bytes = out + at * elementBytes_;
+                            if (stride == 0)
+                              scaleElementsInPlace(type_, bytes, run, *factor);
+                            else
+                              scaleElementsInPlace(type_, bytes, run, factor);
+                          });
   }
 
   /// Elements [first, first + count) as doubles (readsAsDoubles(type()) only); `raw` holds their stored bytes.
@@ -157,26 +149,14 @@ class ScaledChannelBytes final : public DeferredBytes {
     raw.resize(static_cast<std::size_t>(count * elementBytes_));
     source_->read(first * elementBytes_, count * elementBytes_, raw.data());
     const bool isFloat = type_ == DataType::Float;
-    if (indexing_.inner == 1) {
-      for (int64_t i = first; i < first + count;) {
-        const int64_t run = std::min(indexing_.perGroup - i % indexing_.perGroup, first + count - i);
-        const char* bytes = raw.data() + (i - first) * elementBytes_;
-        const double* factors = scale_.data() + indexing_.channel(i);
-        if (isFloat)
-          elementsToDoubles<float>(bytes, run, factors, out + (i - first));
-        else
-          elementsToDoubles<double>(bytes, run, factors, out + (i - first));
-        i += run;
-      }
-      return;
-    }
-    kernels::forEachChannelRun(indexing_, first, count, [&](int64_t at, int64_t run, int64_t channel) {
-      const double factor = scale_[static_cast<std::size_t>(channel)];
-      if (isFloat)
-        runToDoubles<float>(raw.data() + at * elementBytes_, run, factor, out + at);
-      else
-        runToDoubles<double>(raw.data() + at * elementBytes_, run, factor, out + at);
-    });
+    forEachChannelStretch(indexing_, scale_, first, count,
+                          [&](int64_t at, int64_t run, const double* factor, int64_t stride) {
+                            const char* bytes = raw.data() + at * elementBytes_;
+                            if (isFloat)
+                              scaledToDoubles<float>(bytes, run, factor, stride, out + at);
+                            else
+                              scaledToDoubles<double>(bytes, run, factor, stride, out + at);
+                          });
   }
 
  private:
@@ -190,18 +170,13 @@ class ScaledChannelBytes final : public DeferredBytes {
 // The factor of each element [first, first + count) under `indexing`, into out[0, count).
 void elementFactors(const kernels::ChannelIndexing& indexing, const std::vector<double>& factors, int64_t first,
                     int64_t count, double* out) {
-  if (indexing.inner == 1) {
-    // Channels change every element (a dense layer's input side): a row's consecutive channels at a time.
-    for (int64_t i = first; i < first + count;) {
-      const int64_t run = std::min(indexing.perGroup - i % indexing.perGroup, first + count - i);
-      std::copy_n(factors.begin() + indexing.channel(i), run, out + (i - first));
-      i += run;
-    }
-    return;
-  }
-  kernels::forEachChannelRun(indexing, first, count, [&](int64_t at, int64_t run, int64_t channel) {
-    std::fill_n(out + at, run, factors[static_cast<std::size_t>(channel)]);
-  });
+  forEachChannelStretch(indexing, factors, first, count,
+                        [&](int64_t at, int64_t run, const double* factor, int64_t stride) {
+                          if (stride == 0)
+                            std::fill_n(out + at, run, *factor);
+                          else
+                            std::copy_n(factor, run, out + at);
+                        });
 }
 
 class ScaledBothSidesBytes final : public DeferredBytes {
