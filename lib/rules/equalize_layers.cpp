@@ -109,20 +109,19 @@ struct LinkProblem {
 MatchFailure failure(ReasonCode code, std::string message) { return MatchFailure{code, std::move(message)}; }
 
 // A MaxPool or AveragePool passes a positive scale of each channel: over a window of one channel, max(s x) =
-// s max(x) (its padding is never chosen) and mean(s x) = s mean(x) (its padding counts as zeros or not at all). One
-// with ceil_mode (which --verify does not evaluate) or MaxPool's Indices output does not count.
-bool isChannelPool(const Node& node) {
-  return (node.isOnnxOp("MaxPool") || node.isOnnxOp("AveragePool")) && node.attributeInt("ceil_mode", 0) == 0 &&
-         node.outputs().size() == 1;
-}
+// s max(x) (its padding is never chosen) and mean(s x) = s mean(x) (its padding counts as zeros or not at all).
+bool isWindowPool(const Node& node) { return node.isOnnxOp("MaxPool") || node.isOnnxOp("AveragePool"); }
 
-// Why a MaxPool or AveragePool that reads a scaled value is not passed through, or nullopt when it is neither.
+// Why a window pool that reads a scaled value is not passed through (ceil_mode, which --verify does not evaluate;
+// MaxPool's Indices output), or nullopt when it is passed or is no window pool.
 std::optional<std::string> poolProblem(const Node& node) {
-  if (!node.isOnnxOp("MaxPool") && !node.isOnnxOp("AveragePool")) return std::nullopt;
+  if (!isWindowPool(node)) return std::nullopt;
   if (node.attributeInt("ceil_mode", 0) != 0) return "it has ceil_mode 1, which --verify does not evaluate";
   if (node.outputs().size() != 1) return "its Indices output would change with the scales";
   return std::nullopt;
 }
+
+bool isChannelPool(const Node& node) { return isWindowPool(node) && !poolProblem(node); }
 
 // Why the output of `value`'s readers cannot carry a per-channel scale to one layer.
 MatchFailure readersProblem(const Value& value, const std::string& from) {
@@ -162,6 +161,10 @@ struct Carried {
   const Value* value = nullptr;
 
   bool passesAnything() const { return activation || !pools.empty(); }
+  // What `value` comes out of, for messages.
+  const std::string& from(const AffineLayer& first) const {
+    return passesAnything() ? value->producer()->name() : first.node->name();
+  }
 };
 
 std::variant<Carried, LinkProblem> carriedOutput(const AffineLayer& first, const RuleContext& context) {
@@ -259,7 +262,7 @@ std::variant<Link, LinkProblem> linkAfter(const AffineLayer& first, const RuleCo
   Link link;
   link.activation = carried.activation;
   link.pools = carried.pools;
-  const std::string& via = carried.passesAnything() ? carried.value->producer()->name() : first.node->name();
+  const std::string& via = carried.from(first);
   // A layer read directly by a non-layer (a pool, a graph output) is no candidate worth a report entry; after an
   // activation or a pool it is.
   auto problem = [&] {
@@ -441,7 +444,7 @@ std::optional<std::variant<Junction, LinkProblem>> junctionAfter(const AffineLay
   const Value& value = *carried.value;
   if (value.isGraphOutput() || value.uses().empty()) return std::nullopt;
   const bool fanOut = value.uses().size() > 1;
-  const std::string& via = carried.passesAnything() ? value.producer()->name() : first.node->name();
+  const std::string& via = carried.from(first);
   Junction junction;
   junction.kind = fanOut ? "fan-out" : "flatten";
   junction.producers.push_back({first, carried.activation, carried.pools});
@@ -753,7 +756,7 @@ std::shared_ptr<const DeferredBytes> equalizedBytes(const AffineLayer& layer,
 // the stream, as --verify does not evaluate it.)
 bool isStreamOp(const Node& node) {
   return node.isOnnxOp("Add") || node.isOnnxOp("Relu") || node.isOnnxOp("LeakyRelu") ||
-         ((node.isOnnxOp("MaxPool") || node.isOnnxOp("AveragePool")) && node.attributeInt("ceil_mode", 0) == 0);
+         (isWindowPool(node) && node.attributeInt("ceil_mode", 0) == 0);
 }
 
 struct ResidualStream {
@@ -933,9 +936,8 @@ std::variant<Junction, LinkProblem> residualJunction(const Node& add, const Resi
   }
   const AffineLayer& first = junction.producers.front().layer;
   junction.channels = static_cast<std::size_t>(first.outputChannels);
-  const bool streamPools = std::any_of(stream.ops.begin(), stream.ops.end(), [](const Node* node) {
-    return node->isOnnxOp("MaxPool") || node->isOnnxOp("AveragePool");
-  });
+  const bool streamPools =
+      std::any_of(stream.ops.begin(), stream.ops.end(), [](const Node* node) { return isWindowPool(*node); });
   for (const auto& [value, use] : stream.reads) {
     if (std::find(stream.producers.begin(), stream.producers.end(), use.node) != stream.producers.end())
       return LinkProblem{
