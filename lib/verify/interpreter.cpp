@@ -466,14 +466,17 @@ class Evaluator {
               op == "Conv" ? conv(x.real, w, b, attributes) : convTranspose(x.real, w, b, attributes));
       return;
     }
-    if (op == "MaxPool") {
+    if (op == "MaxPool" || op == "AveragePool") {
       const Operand<T>& x = input(node, 0);
       if (x.isInteger()) throw EvaluationError(describe(node) + ": integer input");
       if (node.outputs.size() > 1 && !node.outputs[1].empty())
         throw EvaluationError(describe(node) + ": its Indices output is not evaluated");
       if (intAttribute(node, "ceil_mode", 0) != 0)
         throw EvaluationError(describe(node) + ": ceil_mode is not evaluated");
-      setReal(node, 0, x.type, maxPool(x.real, convAttributes(node)));
+      const ConvAttributes attributes = convAttributes(node);
+      setReal(node, 0, x.type,
+              op == "MaxPool" ? maxPool(x.real, attributes)
+                              : averagePool(x.real, attributes, intAttribute(node, "count_include_pad", 0) != 0));
       return;
     }
     if (op == "GlobalMaxPool") {
@@ -484,15 +487,6 @@ class Evaluator {
       ConvAttributes whole;
       whole.kernelShape.assign(x.dims().begin() + 2, x.dims().end());
       setReal(node, 0, x.type, maxPool(x.real, whole));
-      return;
-    }
-    if (op == "AveragePool") {
-      const Operand<T>& x = input(node, 0);
-      if (x.isInteger()) throw EvaluationError(describe(node) + ": integer input");
-      if (intAttribute(node, "ceil_mode", 0) != 0)
-        throw EvaluationError(describe(node) + ": ceil_mode is not evaluated");
-      setReal(node, 0, x.type,
-              averagePool(x.real, convAttributes(node), intAttribute(node, "count_include_pad", 0) != 0));
       return;
     }
     if (op == "Gemm") {
