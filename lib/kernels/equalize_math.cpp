@@ -74,6 +74,8 @@ struct LayerPairs {
   std::size_t outChannels = 0, inChannels = 0;
   /// Run r is (output r / inChannels, input r % inChannels): a dense layer's pairs, row by row.
   bool grid = false;
+  /// Every run's length when they are all equal (a Conv's kernel size), else 0.
+  std::int64_t runLength = 0;
 
   std::size_t runs() const { return out.size(); }
 };
@@ -284,6 +286,9 @@ LayerPairs layerPairs(const ChainLayer& layer, const LayerShape& shape) {
   pairs.grid = runs == pairs.outChannels * pairs.inChannels;
   for (std::size_t p = 0; p < runs && pairs.grid; ++p)
     pairs.grid = pairs.out[p] == p / pairs.inChannels && pairs.in[p] == p % pairs.inChannels;
+  pairs.runLength = runs > 0 ? pairs.start[1] - pairs.start[0] : 0;
+  for (std::size_t p = 1; p < runs && pairs.runLength > 0; ++p)
+    if (pairs.start[p + 1] - pairs.start[p] != pairs.runLength) pairs.runLength = 0;
   return pairs;
 }
 
@@ -309,6 +314,8 @@ struct ChannelGroups {
   std::vector<double> largest, count, squares;
 
   explicit ChannelGroups(std::size_t channels) : largest(channels, 0.0), count(channels, 0.0), squares(channels, 0.0) {}
+  explicit ChannelGroups(ChannelSummary&& summary)
+      : largest(std::move(summary.largest)), count(std::move(summary.count)), squares(std::move(summary.squares)) {}
 
   void add(std::size_t c, std::int64_t length, double runLargest, double runSquares) {
     largest[c] = std::max(largest[c], runLargest);
@@ -381,37 +388,11 @@ struct ChainNoise::Model {
   }
 
   // The chain's first and last layers, each scaled on one side only, as per-channel summaries on that side
-  // (ChannelGroups). Reads only those two layers' weights.
+  // (channelSummary, which reads a 1x1 layer's weights a row at a time, not a pair at a time). Reads only those two
+  // layers' weights.
   void summariseEnds() {
-    firstByOutput.emplace(shapes.front().outChannels);
-    {
-      ChannelGroups& groups = *firstByOutput;
-      forEachOutputRun(layers.front(), shapes.front(),
-                       [&](std::size_t out, std::int64_t offset, std::int64_t length, const double* weights) {
-                         double largest = groups.largest[out], count = groups.count[out],
-                                squares = groups.squares[out];
-                         OutputRunPairs runPairs(shapes.front(), offset, length, weights);
-                         ChannelPair pair;
-                         while (runPairs.next(pair)) {
-                           largest = largest < pair.largest ? pair.largest : largest;  // ChannelGroups::add
-                           count += static_cast<double>(pair.length);
-                           squares += pair.squares;
-                         }
-                         groups.largest[out] = largest;
-                         groups.count[out] = count;
-                         groups.squares[out] = squares;
-                       });
-    }
-    lastByInput.emplace(shapes.back().inChannels);
-    {
-      ChannelGroups& groups = *lastByInput;
-      forEachOutputRun(layers.back(), shapes.back(),
-                       [&](std::size_t, std::int64_t offset, std::int64_t length, const double* weights) {
-                         OutputRunPairs runPairs(shapes.back(), offset, length, weights);
-                         ChannelPair pair;
-                         while (runPairs.next(pair)) groups.add(pair.in, pair.length, pair.largest, pair.squares);
-                       });
-    }
+    firstByOutput.emplace(channelSummary(layers.front(), true));
+    lastByInput.emplace(channelSummary(layers.back(), false));
   }
 
   // The powers, gains and signal from the end layers' summaries and the middle layers' pairs. The signal is the
@@ -493,11 +474,7 @@ struct ChainNoise::Model {
 
   // Builds what layerNoise would build on first use, so that two threads may then ask for noises at once (only
   // `remembered` changes after this, under its mutex).
-  void prepareConcurrentNoise() const {
-    propagate();
-    if (measure == NoiseMeasure::Estimated && byChannel)
-      for (std::size_t k = 1; k + 1 < layers.size(); ++k) pairTerms(k);
-  }
+  void prepareConcurrentNoise() const { propagate(); }
 
   // Every weight rounded as the definition says.
   double exactLayerNoise(std::size_t k, const std::vector<double>* inScale, const std::vector<double>* outScale) const {
@@ -549,11 +526,10 @@ struct ChainNoise::Model {
       return noise;
     }
     // Per pair r: factor = a[in] / b[out] (a: inScale, b: outScale), half step h = H / factor with H the half step
-    // of the rescaled layer, and the term weight * groupRoundingNoise(largest, count, squares, h), with weight
-    // (>= 0) taken into the min as PairTerms keeps it. Products with per-channel reciprocals instead of a division
-    // per pair, and four sums, so that pairs do not wait on each other.
+    // of the rescaled layer, and the term gain[out] * power[in] * groupRoundingNoise(largest, count, squares, h).
+    // Products with per-channel reciprocals instead of a division per pair; a grid's rows summed with their
+    // inputs' powers and then times their gain, in four sums so that pairs do not wait on each other.
     const LayerPairs& runs = pairs[k];
-    const PairTerms& terms = pairTerms(k);
     const std::size_t outs = runs.outChannels, ins = runs.inChannels;
     std::vector<double> scratch(2 * (outs + ins) + outs, 1.0);  // and the grid path's output ranges
     double* const inScaleOf = scratch.data();
@@ -585,51 +561,35 @@ struct ChainNoise::Model {
     }
     if (largest == 0.0 || !std::isfinite(largest)) return 0.0;
     const double halfStep = largest / 254.0;
-    const double* const squares = terms.squares.data();
-    const double* const uniform = terms.uniform.data();
-    double sums[4] = {0.0, 0.0, 0.0, 0.0};
-    auto term = [&](std::size_t r, double pairHalfStep) {
-      const double spread = std::min(squares[r], uniform[r] * pairHalfStep * pairHalfStep);
+    const double* const squares = runs.squares.data();
+    const double* const inPower = power[k].data();
+    const double* const outGain = gain[k].data();
+    // groupRoundingNoise with the pair's count / 3 given
+    auto term = [&](std::size_t r, double pairHalfStep, double third) {
+      const double spread = std::min(squares[r], third * pairHalfStep * pairHalfStep);
       return pairLargest[r] < pairHalfStep ? squares[r] : spread;
     };
-    if (runs.grid) {
+    double sums[4] = {0.0, 0.0, 0.0, 0.0};
+    if (runs.grid && runs.runLength > 0) {
+      const double third = static_cast<double>(runs.runLength) / 3.0;
       for (std::size_t o = 0, r = 0; o < outs; ++o) {
         const double outHalfStep = halfStep * outScaleOf[o];
+        double row[4] = {0.0, 0.0, 0.0, 0.0};
         std::size_t i = 0;
         for (; i + 4 <= ins; i += 4, r += 4)
           for (std::size_t lane = 0; lane < 4; ++lane)
-            sums[lane] += term(r + lane, outHalfStep * inverseInScale[i + lane]);
-        for (; i < ins; ++i, ++r) sums[0] += term(r, outHalfStep * inverseInScale[i]);
+            row[lane] += inPower[i + lane] * term(r + lane, outHalfStep * inverseInScale[i + lane], third);
+        for (; i < ins; ++i, ++r) row[0] += inPower[i] * term(r, outHalfStep * inverseInScale[i], third);
+        sums[o % 4] += outGain[o] * ((row[0] + row[1]) + (row[2] + row[3]));
       }
     } else {
-      for (std::size_t r = 0; r < count; ++r)
-        sums[r % 4] += term(r, halfStep * outScaleOf[runs.out[r]] * inverseInScale[runs.in[r]]);
+      for (std::size_t r = 0; r < count; ++r) {
+        const std::size_t out = runs.out[r], in = runs.in[r];
+        const double third = static_cast<double>(runs.start[r + 1] - runs.start[r]) / 3.0;
+        sums[r % 4] += outGain[out] * inPower[in] * term(r, halfStep * outScaleOf[out] * inverseInScale[in], third);
+      }
     }
     return (sums[0] + sums[1]) + (sums[2] + sums[3]);
-  }
-
-  // What the estimate of layer k takes per pair whatever the scales, with weight = its output gain times its input
-  // power: weight * squares (its noise when it rounds to zero) and weight * count / 3 (times the half step squared,
-  // its uniform rounding noise).
-  struct PairTerms {
-    std::vector<double> squares, uniform;
-    bool built = false;
-  };
-
-  const PairTerms& pairTerms(std::size_t k) const {
-    if (terms.size() != layers.size()) terms.resize(layers.size());
-    PairTerms& found = terms[k];
-    if (found.built) return found;
-    const LayerPairs& runs = pairs[k];
-    found.squares.resize(runs.runs());
-    found.uniform.resize(runs.runs());
-    for (std::size_t r = 0; r < runs.runs(); ++r) {
-      const double weight = gain[k][runs.out[r]] * power[k][runs.in[r]];
-      found.squares[r] = weight * runs.squares[r];
-      found.uniform[r] = weight * static_cast<double>(runs.start[r + 1] - runs.start[r]) / 3.0;
-    }
-    found.built = true;
-    return found;
   }
 
   double layerNoise(std::size_t k, const std::vector<std::vector<double>>& scales) const {
@@ -654,7 +614,6 @@ struct ChainNoise::Model {
   mutable std::optional<ChannelGroups> firstByOutput, lastByInput;
   mutable double signal = 0.0;
   mutable std::vector<std::vector<Remembered>> remembered;
-  mutable std::vector<PairTerms> terms;
   mutable std::mutex rememberedMutex;
 };
 
