@@ -1,6 +1,7 @@
 #include "kernels/equalize_junction.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -144,37 +145,54 @@ JunctionScales equalizeSummedJunction(const std::vector<ChainLayer>& producers,
     if (reader.block < 1 || inputCount(reader.layer) != channels * static_cast<std::size_t>(reader.block))
       throw std::invalid_argument("equalizeSummedJunction: a reader does not read " + std::to_string(channels) +
                                   " channels of " + std::to_string(reader.block) + " inputs");
-  // The producers' summaries on a second thread while this one reads the readers', when both sides are large (the
-  // layers are different ones).
-  auto summariseProducers = [&producers] {
-    std::vector<ChannelSummary> summaries;
-    for (const ChainLayer& producer : producers) summaries.push_back(channelSummary(producer, true));
-    return summaries;
-  };
+  // The producers' summaries by output and the readers' by input, shared out a layer at a time (the largest first)
+  // between this thread and a second one when there is enough to read; each summary is the same either way.
   auto elementsOf = [](const ChainLayer& layer) {
     std::int64_t count = 1;
     for (std::int64_t d : layer.dims) count *= d;
     return count;
   };
-  std::int64_t producerElements = 0, readerElements = 0;
-  for (const ChainLayer& producer : producers) producerElements += elementsOf(producer);
-  for (const JunctionReader& reader : readers) readerElements += elementsOf(reader.layer);
-  std::future<std::vector<ChannelSummary>> producersLater;
-  if (concurrent && std::min(producerElements, readerElements) >= kElementsWorthAThread)
-    producersLater = onSecondThread(summariseProducers);
-  std::vector<ChannelSummary> readerSummaries;
+  auto layerOf = [&](std::size_t t) -> const ChainLayer& {
+    return t < producers.size() ? producers[t] : readers[t - producers.size()].layer;
+  };
+  const std::size_t layerCount = producers.size() + readers.size();
+  std::vector<std::size_t> largestFirst(layerCount);
+  std::vector<std::int64_t> elements(layerCount);
+  std::int64_t totalElements = 0;
+  for (std::size_t t = 0; t < layerCount; ++t) {
+    largestFirst[t] = t;
+    elements[t] = elementsOf(layerOf(t));
+    totalElements += elements[t];
+  }
+  std::stable_sort(largestFirst.begin(), largestFirst.end(),
+                   [&](std::size_t a, std::size_t b) { return elements[a] > elements[b]; });
+  std::vector<ChannelSummary> summaries(layerCount);
+  std::atomic<std::size_t> nextLayer{0};
+  auto summarise = [&] {
+    for (std::size_t next = nextLayer++; next < layerCount; next = nextLayer++) {
+      const std::size_t t = largestFirst[next];
+      summaries[t] = channelSummary(layerOf(t), t < producers.size());
+    }
+  };
+  {
+    std::future<void> helper;
+    if (concurrent && layerCount > 1 && totalElements >= 2 * kElementsWorthAThread) helper = onSecondThread(summarise);
+    summarise();
+    if (helper.valid()) helper.get();
+  }
+  const std::vector<ChannelSummary> producerSummaries(std::make_move_iterator(summaries.begin()),
+                                                      std::make_move_iterator(summaries.begin() + producers.size()));
+  const std::vector<ChannelSummary> readerSummaries(std::make_move_iterator(summaries.begin() + producers.size()),
+                                                    std::make_move_iterator(summaries.end()));
   JunctionScales result;
   result.producerRanges.assign(channels, 0.0);
   result.readerRanges.assign(channels, 0.0);
-  for (const JunctionReader& reader : readers) {
-    readerSummaries.push_back(channelSummary(reader.layer, false));
-    const auto block = static_cast<std::size_t>(reader.block);
-    const std::vector<double>& largest = readerSummaries.back().largest;
+  for (std::size_t r = 0; r < readers.size(); ++r) {
+    const auto block = static_cast<std::size_t>(readers[r].block);
+    const std::vector<double>& largest = readerSummaries[r].largest;
     for (std::size_t f = 0; f < largest.size(); ++f)
       result.readerRanges[f / block] = std::max(result.readerRanges[f / block], largest[f]);
   }
-  const std::vector<ChannelSummary> producerSummaries =
-      producersLater.valid() ? producersLater.get() : summariseProducers();
   for (const ChannelSummary& summary : producerSummaries)
     for (std::size_t i = 0; i < channels; ++i)
       result.producerRanges[i] = std::max(result.producerRanges[i], summary.largest[i]);
