@@ -4,8 +4,8 @@
 #include "kernels/equalize_math.h"
 
 #include <Eigen/Core>
-
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <future>
 #include <mutex>
@@ -230,23 +230,26 @@ class OutputRunPairs {
   const double* weights_;
 };
 
-// onRun(out, offset, length, weights) per run of elements feeding one output channel, in element order, with the
-// run's weights (valid during the call). Consumers loop over OutputRunPairs with their sums in locals.
+// onRun(out, offset, length, weights) per run of elements feeding one output channel among elements [first, first +
+// count) (first on a run's boundary), in element order, with the run's weights (valid during the call). Consumers
+// loop over OutputRunPairs with their sums in locals.
 template <typename OnRun>
-void forEachOutputRun(const ChainLayer& layer, const LayerShape& shape, OnRun&& onRun) {
+void forEachOutputRun(const ChainLayer& layer, const LayerShape& shape, std::int64_t first, std::int64_t count,
+                      OnRun&& onRun) {
   WeightStream stream(layer, shape.count);
-  ChannelRuns runs(shape.out, 0, shape.count);
+  ChannelRuns runs(shape.out, first, count);
   std::int64_t offset = 0, length = 0, out = 0;
   while (runs.next(offset, length, out))
-    onRun(static_cast<std::size_t>(out), offset, length, stream.span(offset, length));
+    onRun(static_cast<std::size_t>(out), first + offset, length, stream.span(first + offset, length));
 }
 
-// How many runs layerPairs records, without reading a weight: forEachChannelRun gives one run per block of
-// `inner` elements an output run touches.
-std::size_t channelPairCount(const LayerShape& shape) {
+// How many runs layerPairs records for elements [first, first + count), without reading a weight: forEachChannelRun
+// gives one run per block of `inner` elements an output run touches.
+std::size_t channelPairCount(const LayerShape& shape, std::int64_t first, std::int64_t count) {
   std::size_t runs = 0;
-  forEachChannelRun(shape.out, 0, shape.count, [&](std::int64_t offset, std::int64_t length, std::int64_t) {
-    runs += static_cast<std::size_t>((offset + length - 1) / shape.in.inner - offset / shape.in.inner + 1);
+  forEachChannelRun(shape.out, first, count, [&](std::int64_t offset, std::int64_t length, std::int64_t) {
+    const std::int64_t at = first + offset;
+    runs += static_cast<std::size_t>((at + length - 1) / shape.in.inner - at / shape.in.inner + 1);
   });
   return runs;
 }
@@ -259,29 +262,41 @@ LayerPairs emptyPairs(const LayerShape& shape) {
   return pairs;
 }
 
-LayerPairs layerPairs(const ChainLayer& layer, const LayerShape& shape) {
+// A layer's pairs with room for all its runs, none filled yet.
+LayerPairs sizedPairs(const LayerShape& shape) {
   LayerPairs pairs = emptyPairs(shape);
-  const std::size_t runs = channelPairCount(shape);
+  const std::size_t runs = channelPairCount(shape, 0, shape.count);
   pairs.start.resize(runs + 1);
   pairs.out.resize(runs);
   pairs.in.resize(runs);
   pairs.largest.resize(runs);
   pairs.squares.resize(runs);
-  std::size_t r = 0;
-  forEachOutputRun(layer, shape, [&](std::size_t out, std::int64_t offset, std::int64_t length, const double* weights) {
-    OutputRunPairs runPairs(shape, offset, length, weights);
-    ChannelPair pair;
-    while (runPairs.next(pair)) {
-      if (r == runs) throw std::logic_error("equalize: channel pairs miscounted");
-      pairs.start[r] = pair.first;
-      pairs.out[r] = out;
-      pairs.in[r] = pair.in;
-      pairs.largest[r] = pair.largest;
-      pairs.squares[r] = pair.squares;
-      ++r;
-    }
-  });
-  if (r != runs) throw std::logic_error("equalize: channel pairs miscounted");
+  return pairs;
+}
+
+// Fills runs [r, end) of `pairs` from elements [first, first + count), whole output runs.
+void fillPairs(const ChainLayer& layer, const LayerShape& shape, std::int64_t first, std::int64_t count,
+               LayerPairs& pairs, std::size_t r, std::size_t end) {
+  forEachOutputRun(layer, shape, first, count,
+                   [&](std::size_t out, std::int64_t offset, std::int64_t length, const double* weights) {
+                     OutputRunPairs runPairs(shape, offset, length, weights);
+                     ChannelPair pair;
+                     while (runPairs.next(pair)) {
+                       if (r == end) throw std::logic_error("equalize: channel pairs miscounted");
+                       pairs.start[r] = pair.first;
+                       pairs.out[r] = out;
+                       pairs.in[r] = pair.in;
+                       pairs.largest[r] = pair.largest;
+                       pairs.squares[r] = pair.squares;
+                       ++r;
+                     }
+                   });
+  if (r != end) throw std::logic_error("equalize: channel pairs miscounted");
+}
+
+// What the filled runs say about the layer as a whole (LayerPairs::grid, LayerPairs::runLength).
+void finishPairs(LayerPairs& pairs, const LayerShape& shape) {
+  const std::size_t runs = pairs.runs();
   pairs.start[runs] = shape.count;
   pairs.grid = runs == pairs.outChannels * pairs.inChannels;
   for (std::size_t p = 0; p < runs && pairs.grid; ++p)
@@ -289,6 +304,12 @@ LayerPairs layerPairs(const ChainLayer& layer, const LayerShape& shape) {
   pairs.runLength = runs > 0 ? pairs.start[1] - pairs.start[0] : 0;
   for (std::size_t p = 1; p < runs && pairs.runLength > 0; ++p)
     if (pairs.start[p + 1] - pairs.start[p] != pairs.runLength) pairs.runLength = 0;
+}
+
+LayerPairs layerPairs(const ChainLayer& layer, const LayerShape& shape) {
+  LayerPairs pairs = sizedPairs(shape);
+  fillPairs(layer, shape, 0, shape.count, pairs, 0, pairs.runs());
+  finishPairs(pairs, shape);
   return pairs;
 }
 
@@ -353,27 +374,16 @@ struct ChainNoise::Model {
     }
     for (std::size_t k = 0; k + 1 < layers.size(); ++k)
       if (shapes[k].outChannels != shapes[k + 1].inChannels)
-        throw std::invalid_argument("equalize: layer " + std::to_string(k) +
-                                    "'s output channels do not match layer " + std::to_string(k + 1) +
-                                    "'s input channels");
-    // The end layers' summaries and the middle layers' pairs read different weights: a large chain reads its ends
-    // on a second thread meanwhile (a std::async future waits for it when destroyed, also when the middle throws).
-    std::future<void> ends;
-    if (byChannel && concurrent) {
-      std::int64_t endElements = shapes.front().count + shapes.back().count, middleElements = 0;
-      for (std::size_t k = 1; k + 1 < layers.size(); ++k) middleElements += shapes[k].count;
-      if (std::min(endElements, middleElements) >= kElementsWorthAThread)
-        ends = onSecondThread([this] { summariseEnds(); });
-    }
+        throw std::invalid_argument("equalize: layer " + std::to_string(k) + "'s output channels do not match layer " +
+                                    std::to_string(k + 1) + "'s input channels");
     for (std::size_t k = 0; k < layers.size(); ++k) {
       const bool summarisedByChannel = byChannel && (k == 0 || k + 1 == layers.size());
-      pairs.push_back(summarisedByChannel ? emptyPairs(shapes[k]) : layerPairs(layers[k], shapes[k]));
+      pairs.push_back(summarisedByChannel ? emptyPairs(shapes[k]) : sizedPairs(shapes[k]));
       pairsBuilt.push_back(!summarisedByChannel);
     }
-    if (ends.valid())
-      ends.get();
-    else if (byChannel)
-      summariseEnds();
+    readLayers(concurrent);
+    for (std::size_t k = 0; k < layers.size(); ++k)
+      if (pairsBuilt[k]) finishPairs(pairs[k], shapes[k]);
     if (byChannel) propagateFromEnds();
     remembered.resize(layers.size());
   }
@@ -387,12 +397,65 @@ struct ChainNoise::Model {
     return pairs[k];
   }
 
-  // The chain's first and last layers, each scaled on one side only, as per-channel summaries on that side
-  // (channelSummary, which reads a 1x1 layer's weights a row at a time, not a pair at a time). Reads only those two
-  // layers' weights.
-  void summariseEnds() {
-    firstByOutput.emplace(channelSummary(layers.front(), true));
-    lastByInput.emplace(channelSummary(layers.back(), false));
+  // One piece of reading the chain: the first layer's summary by output (kFirstEnd), the last's by input
+  // (kLastEnd), or the pairs of elements [first, first + count) of layer `layer`, runs [r, end) of its pairs.
+  struct ReadPiece {
+    std::size_t layer = 0;
+    std::int64_t first = 0, count = 0;
+    std::size_t r = 0, end = 0;
+  };
+  static constexpr std::size_t kFirstEnd = static_cast<std::size_t>(-1), kLastEnd = static_cast<std::size_t>(-2);
+
+  // The end layers' summaries (channelSummary, which reads a 1x1 layer's weights a row at a time) and the other
+  // layers' pairs. In pieces, the largest first, that this thread and a second one take from one counter when the
+  // chain is large: a large layer in two halves of its output runs. Each piece is computed as one thread alone
+  // computes it, so the figures do not depend on the threads.
+  void readLayers(bool concurrent) {
+    std::vector<ReadPiece> pieces;
+    std::int64_t total = 0;
+    if (byChannel) {
+      pieces.push_back({kFirstEnd, 0, shapes.front().count, 0, 0});
+      pieces.push_back({kLastEnd, 0, shapes.back().count, 0, 0});
+    }
+    for (std::size_t k = 0; k < layers.size(); ++k) {
+      if (!pairsBuilt[k]) continue;
+      const LayerShape& shape = shapes[k];
+      const std::size_t runs = pairs[k].runs();
+      const std::int64_t half = shape.count / shape.out.inner / 2 * shape.out.inner;  // on an output run's boundary
+      if (concurrent && half >= kElementsWorthAThread) {
+        const std::size_t firstHalfRuns = channelPairCount(shape, 0, half);
+        pieces.push_back({k, 0, half, 0, firstHalfRuns});
+        pieces.push_back({k, half, shape.count - half, firstHalfRuns, runs});
+      } else {
+        pieces.push_back({k, 0, shape.count, 0, runs});
+      }
+    }
+    for (const ReadPiece& piece : pieces) total += piece.count;
+    std::stable_sort(pieces.begin(), pieces.end(),
+                     [](const ReadPiece& a, const ReadPiece& b) { return a.count > b.count; });
+    std::atomic<std::size_t> nextPiece{0};
+    auto read = [&] {
+      try {
+        for (std::size_t p = nextPiece++; p < pieces.size(); p = nextPiece++) {
+          const ReadPiece& piece = pieces[p];
+          if (piece.layer == kFirstEnd)
+            firstByOutput.emplace(channelSummary(layers.front(), true));
+          else if (piece.layer == kLastEnd)
+            lastByInput.emplace(channelSummary(layers.back(), false));
+          else
+            fillPairs(layers[piece.layer], shapes[piece.layer], piece.first, piece.count, pairs[piece.layer], piece.r,
+                      piece.end);
+        }
+      } catch (...) {
+        nextPiece = pieces.size();  // the other thread stops after its piece
+        throw;
+      }
+    };
+    // A std::async future waits for its thread when destroyed, also when this thread throws.
+    std::future<void> helper;
+    if (concurrent && pieces.size() > 1 && total >= 2 * kElementsWorthAThread) helper = onSecondThread(read);
+    read();
+    if (helper.valid()) helper.get();
   }
 
   // The powers, gains and signal from the end layers' summaries and the middle layers' pairs. The signal is the

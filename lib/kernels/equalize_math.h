@@ -35,7 +35,8 @@ double relativeInt8Error(const std::vector<double>& weights);
 double channelRelativeInt8Error(const WeightLayout& layout, const std::vector<double>& weights, const Dims& dims,
                                 bool byOutput);
 
-/// Copies elements [first, first + count) of a weight (flat, row-major), as doubles, into `out`.
+/// Copies elements [first, first + count) of a weight (flat, row-major), as doubles, into `out`. May be called from
+/// two threads at once (the noise model reads a large layer in two pieces).
 using WeightReader = std::function<void(std::int64_t first, std::int64_t count, double* out)>;
 
 /// One layer of a chain: its weight (flat, row-major) with its layout and dims. The weight is `weights`, or, when

@@ -278,30 +278,40 @@ Converter converterFor(DataType type) {
 
 }  // namespace
 
+namespace {
+
+// A reader's buffer for stored bytes, one per thread: the kernels may read two pieces of one layer at once.
+std::vector<char>& threadBuffer() {
+  thread_local std::vector<char> buffer;
+  return buffer;
+}
+
+}  // namespace
+
 kernels::WeightReader weightReader(const Tensor& weight) {
   const Converter convert = converterFor(weight.dataType());
   const auto elementBytes = static_cast<int64_t>(elementSize(weight.dataType()));
   std::shared_ptr<const DeferredBytes> source = weight.byteSource();
   // A scaled weight (a folded BN's, an earlier equalization's) straight from the bytes below it to doubles.
-  auto raw = std::make_shared<std::vector<char>>();
   if (const auto* scaled = dynamic_cast<const ScaledChannelBytes*>(source.get());
       scaled && readsAsDoubles(scaled->type()))
-    return [source, scaled, raw](int64_t first, int64_t count, double* out) {
-      scaled->readDoubles(first, count, out, *raw);
+    return [source, scaled](int64_t first, int64_t count, double* out) {
+      scaled->readDoubles(first, count, out, threadBuffer());
     };
   if (const auto* both = dynamic_cast<const ScaledBothSidesBytes*>(source.get()); both && readsAsDoubles(both->type()))
-    return
-        [source, both, raw](int64_t first, int64_t count, double* out) { both->readDoubles(first, count, out, *raw); };
+    return [source, both](int64_t first, int64_t count, double* out) {
+      both->readDoubles(first, count, out, threadBuffer());
+    };
   if (const std::optional<std::string_view> held = source->inMemory())
     return [source, held = *held, convert, elementBytes](int64_t first, int64_t count, double* out) {
       convert(held.data() + first * elementBytes, count, out);
     };
-  // One piece's bytes at a time, in a buffer the reader keeps.
-  auto piece = std::make_shared<std::vector<char>>();
-  return [source, piece, convert, elementBytes](int64_t first, int64_t count, double* out) {
-    piece->resize(static_cast<std::size_t>(count * elementBytes));
-    source->read(first * elementBytes, count * elementBytes, piece->data());
-    convert(piece->data(), count, out);
+  // One piece's bytes at a time.
+  return [source, convert, elementBytes](int64_t first, int64_t count, double* out) {
+    std::vector<char>& piece = threadBuffer();
+    piece.resize(static_cast<std::size_t>(count * elementBytes));
+    source->read(first * elementBytes, count * elementBytes, piece.data());
+    convert(piece.data(), count, out);
   };
 }
 

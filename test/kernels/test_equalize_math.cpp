@@ -2,8 +2,10 @@
 // a triple's convergence to AIMET's closed form, the chain's output-referred noise and the choice it drives.
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <stdexcept>
 
 #include "chain_layers.h"
 #include "kernels/equalize_math.h"
@@ -388,8 +390,8 @@ TEST_CASE("equalize math: a chain read through weight readers gives the figures 
 }
 
 TEST_CASE("equalize math: a large chain gives the same figures on two threads as on one", "[equalize][kernels]") {
-  // Large enough for both second-thread paths (the end layers read beside the middle one; the sweep beside AIMET's
-  // pass), read through readers as the rule reads weights.
+  // Large enough for both second-thread paths (the layers read in pieces on two threads, the middle one in two
+  // halves of its output runs; the sweep beside AIMET's pass), read through readers as the rule reads weights.
   const std::vector<ChainLayer> held{conv(spreadWeights(256 * 128, 128, 0.5), {256, 128, 1, 1}),
                                      conv(spreadWeights(256 * 256 * 9, 256 * 9, 1.4), {256, 256, 3, 3}),
                                      conv(spreadWeights(512 * 256, 256, 2.4), {512, 256, 1, 1})};
@@ -411,4 +413,23 @@ TEST_CASE("equalize math: a large chain gives the same figures on two threads as
   for (const auto& scales : {one.scales, one.proposed}) checkSameFigures(together, alone, held.size(), scales);
   // And the figures of the weights held as doubles (no reader).
   CHECK(equalizeChain(held, {true, true}).scales == one.scales);
+}
+
+TEST_CASE("equalize math: a reader's error reaches the caller from either thread", "[equalize][kernels]") {
+  // The middle layer is read in two halves; the reader fails in the second (a truncated file, say), whichever
+  // thread reads it, and the other pieces stop.
+  const std::vector<ChainLayer> held{conv(spreadWeights(256 * 128, 128, 0.5), {256, 128, 1, 1}),
+                                     conv(spreadWeights(256 * 256 * 9, 256 * 9, 1.4), {256, 256, 3, 3}),
+                                     conv(spreadWeights(512 * 256, 256, 2.4), {512, 256, 1, 1})};
+  std::vector<ChainLayer> read = readThrough(held);
+  const std::int64_t failFrom = 256 * 256 * 9 * 3 / 4;
+  read[1].read = [&middle = held[1], failFrom](std::int64_t first, std::int64_t count, double* out) {
+    if (first + count > failFrom) throw std::runtime_error("cannot read tensor data: the file is shorter than it was");
+    std::copy_n(middle.weights.begin() + first, count, out);
+  };
+  for (const bool concurrent : {false, true}) {
+    INFO("concurrent " << concurrent);
+    CHECK_THROWS_WITH(ChainNoise(read, NoiseMeasure::Estimated, concurrent),
+                      "cannot read tensor data: the file is shorter than it was");
+  }
 }
