@@ -422,9 +422,9 @@ TEST_CASE("equalize math: a reader's error reaches the caller from either thread
                                      conv(spreadWeights(256 * 256 * 9, 256 * 9, 1.4), {256, 256, 3, 3}),
                                      conv(spreadWeights(512 * 256, 256, 2.4), {512, 256, 1, 1})};
   std::vector<ChainLayer> read = readThrough(held);
-  const std::int64_t failFrom = 256 * 256 * 9 * 3 / 4;
-  read[1].read = [&middle = held[1], failFrom](std::int64_t first, std::int64_t count, double* out) {
-    if (first + count > failFrom) throw std::runtime_error("cannot read tensor data: the file is shorter than it was");
+  constexpr std::int64_t kFailFrom = 256 * 256 * 9 * 3 / 4;
+  read[1].read = [&middle = held[1]](std::int64_t first, std::int64_t count, double* out) {
+    if (first + count > kFailFrom) throw std::runtime_error("cannot read tensor data: the file is shorter than it was");
     std::copy_n(middle.weights.begin() + first, count, out);
   };
   for (const bool concurrent : {false, true}) {
