@@ -433,3 +433,29 @@ TEST_CASE("equalize math: a reader's error reaches the caller from either thread
                       "cannot read tensor data: the file is shorter than it was");
   }
 }
+
+TEST_CASE("equalize math: large middle layers of every layout read in halves give the one-thread figures",
+          "[equalize][kernels]") {
+  // Each middle layer has 2^18 elements or more, so it is read in two halves of its output runs: ConvTranspose
+  // (output channels the second axis), a grouped Conv, and a Gemm whose output channels are columns (transB 0,
+  // one element per output run).
+  ChainLayer transposed{{WeightKind::ConvTranspose, 1, false}, spreadWeights(256 * 256 * 4, 4, 0.9), {256, 256, 2, 2}};
+  ChainLayer columns{{WeightKind::Gemm, 1, false}, spreadWeights(512 * 640, 640, 1.7), {512, 640}};
+  const std::vector<ChainLayer> held{conv(spreadWeights(256 * 64, 64, 0.5), {256, 64, 1, 1}), transposed,
+                                     conv(spreadWeights(512 * 128 * 9, 128 * 9, 1.2), {512, 128, 3, 3}, 2), columns,
+                                     conv(spreadWeights(8 * 640, 640, 2.2), {8, 640, 1, 1})};
+  const std::vector<ChainLayer> read = readThrough(held);
+  EqualizeSettings oneThread;
+  oneThread.concurrent = false;
+  const ChainNoise alone(read, NoiseMeasure::Estimated, false);
+  const ChainNoise together(read, NoiseMeasure::Estimated, true);
+  const std::vector<bool> links(held.size() - 1, true);
+  const ChainScales one = equalizeChain(alone, links, oneThread);
+  const ChainScales two = equalizeChain(together, links);
+  CHECK(two.scales == one.scales);
+  CHECK(two.noiseBefore == one.noiseBefore);
+  CHECK(two.noiseAfter == one.noiseAfter);
+  for (const auto& scales : {one.scales, one.proposed}) checkSameFigures(together, alone, held.size(), scales);
+  // And against the weights held as doubles, whose pairs are filled in one piece.
+  CHECK(ChainNoise(held, NoiseMeasure::Estimated, true).perLayer(one.scales) == alone.perLayer(one.scales));
+}
