@@ -276,10 +276,6 @@ Converter converterFor(DataType type) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // A reader's buffer for stored bytes, one per thread: the kernels may read two pieces of one layer at once.
 std::vector<char>& threadBuffer() {
   thread_local std::vector<char> buffer;
